@@ -1,0 +1,67 @@
+"""SAO in the paper's math setting: AIME 2025 prompts, math-verify reward, paper hyper-parameters.
+
+`python -m sao_jax.main --config=configs/aime.py --config.model.checkpoint_dir=/path/to/ckpt`
+needs a policy checkpoint (an orbax checkpoint written by sao_jax: `<run_dir>/checkpoints`).
+Without one it stops at once and says which field to set.
+`--config=configs/aime.py:smoke` runs the AIME data path end to end with a tiny random model
+for two steps (a wiring check, not a result).
+"""
+
+import importlib.util
+import os
+
+import ml_collections
+
+_spec = importlib.util.spec_from_file_location(
+    "sao_configs_arith_tool", os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith_tool.py"))
+arith_tool = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(arith_tool)
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  c = arith_tool.get_config()
+  c.run_dir = "runs/aime"
+  c.task.name = "math"
+  c.task.train_file = "aime25.jsonl"  # packaged copy of ../shared/data/aime25.jsonl (30 problems)
+  c.task.n_eval = 30                  # evaluated on the same 30 problems (AIME is the benchmark)
+  c.task.max_turns = 1
+
+  c.allow_random_init = False         # refuse to start RL from a random model
+  c.model.checkpoint_dir = ""         # REQUIRED: sao_jax orbax checkpoint folder of the policy
+  c.model.max_seq_len = 4096          # prompt (character tokens) + response
+  c.sft.steps = 0                     # no warm-up: the checkpoint is the starting policy
+
+  c.rollout.temperature = 1.0         # paper: sampling temperature 1.0, top-p 1.0
+  c.rollout.max_new_tokens = 2048     # response budget per turn
+  c.rollout.max_prefill_length = 2048 # longest AIME 2025 prompt is 1,895 characters
+  c.rollout.slots = 32
+  c.rollout.queue_size = 256
+
+  c.train.batch_size = 128            # paper: 128 trajectories per policy step, 1 per prompt
+  c.train.num_steps = 1000            # paper: SAO stable to 1,000 steps
+  c.train.policy_lr = 1e-6            # paper
+  c.train.critic_lr = 5e-6            # paper
+  c.train.critic_lr_warmup_steps = 10 # paper: critic "10-step warmup"
+  c.train.critic_updates_per_step = 2 # paper: K = 2
+  c.train.eps_low = 0.3               # paper, math / tool setting
+  c.train.eps_high = 5.0
+  c.eval.every_steps = 50
+  c.eval.periodic_problems = 30
+  c.checkpoint.every_steps = 50
+
+  if variant == "smoke":
+    c.run_dir = "runs/aime_smoke"
+    c.model.checkpoint_dir = ""       # tiny random model instead of a checkpoint
+    c.model.d_model, c.model.n_layers, c.model.d_ff = 32, 1, 64
+    c.model.n_heads, c.model.n_kv_heads, c.model.head_dim = 2, 1, 16
+    c.model.max_seq_len = 2112
+    c.rollout.max_new_tokens = 16
+    c.rollout.slots, c.eval.slots = 4, 4
+    c.task.n_eval = 4
+    c.train.batch_size, c.train.num_steps = 4, 2
+    c.eval.every_steps, c.checkpoint.every_steps = 0, 0
+    c.train.policy_lr, c.train.critic_lr = 1e-4, 1e-4
+    c.allow_random_init = True        # only the smoke variant may run without a checkpoint
+  elif variant:
+    raise ValueError(f"unknown variant {variant!r} of configs/aime.py; use '' or 'smoke'.")
+  return c

@@ -1,0 +1,86 @@
+"""SAO on the CPU-sized tool-integrated arithmetic task (the main job's default).
+
+`python -m sao_jax.main --config=configs/arith_tool.py`; override any field on the command line,
+e.g. `--config.train.num_steps=10`. Variant `configs/arith_tool.py:smoke` runs a few steps only.
+"""
+
+import ml_collections
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0                      # one seed for model init, data order, sampling
+  c.run_dir = "runs/arith_tool"   # metrics.jsonl/.csv, results.csv, tb/, checkpoints/
+  c.allow_random_init = True      # start from a random model (+ SFT) when no checkpoint is given
+
+  c.task = ml_collections.ConfigDict()
+  c.task.name = "arith_tool"      # tasks.make_task: "arith_tool" or "math"
+  c.task.n_train = 4000           # training problems (cycled in a fixed shuffled order)
+  c.task.n_eval = 200             # held-out problems (disjoint from train), greedy eval
+  c.task.max_turns = 3            # policy turns per trajectory (tool call, answer, ...)
+
+  c.model = ml_collections.ConfigDict()
+  c.model.checkpoint_dir = ""     # sao_jax orbax checkpoint to start the policy from ("" = none)
+  c.model.d_model = 128           # residual width
+  c.model.n_layers = 2            # transformer blocks
+  c.model.n_heads = 4             # query heads
+  c.model.n_kv_heads = 2          # key/value heads (GQA)
+  c.model.head_dim = 32           # per-head width
+  c.model.d_ff = 384              # SwiGLU hidden width
+  c.model.rope_theta = 10000.0    # RoPE base
+  c.model.max_seq_len = 64        # prompt + response tokens
+  c.model.dtype = "float32"       # compute dtype
+
+  c.sft = ml_collections.ConfigDict()
+  c.sft.steps = 1000              # supervised warm-up steps on demonstrations (0 = none)
+  c.sft.batch_size = 64           # demonstrations per SFT step
+  c.sft.lr = 3e-3                 # SFT peak learning rate (Adam, linear warm-up)
+  c.sft.num_demos = 4000          # demonstrations built from the first train problems
+  c.sft.p_tool = 0.3              # fraction of demos that call the tool (the rest guess)
+  c.sft.p_guess_correct = 0.1     # fraction of guesses that happen to be right
+
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.slots = 32            # decode slots of the engine (continuous batching)
+  c.rollout.temperature = 1.0     # sampling temperature (log-probs recorded at this temperature)
+  c.rollout.max_new_tokens = 24   # per-turn cap on sampled tokens
+  c.rollout.max_prefill_length = 64  # longest prompt / observation chunk
+  c.rollout.queue_size = 64       # bounded trajectory queue (backpressure)
+
+  c.train = ml_collections.ConfigDict()
+  c.train.mode = "sao"            # training mode (only "sao" in this version)
+  c.train.num_steps = 100         # policy steps (policy_version increases by one per step)
+  c.train.batch_size = 32         # trajectories per policy step (paper: 128), one per prompt
+  c.train.policy_lr = 3e-4        # policy learning rate (paper: 1e-6 for a 30B model)
+  c.train.critic_lr = 1e-3        # critic learning rate (paper: 5e-6)
+  c.train.critic_lr_warmup_steps = 10  # critic linear lr warm-up (paper: 10)
+  c.train.critic_updates_per_step = 2  # K critic updates per policy update (paper: 2)
+  c.train.critic_warmup_steps = 0 # critic-only steps on rollouts before RL (pre-trained critic)
+  c.train.freeze_critic_attention = True  # critic trains only MLP, norms, embeddings, value head
+  c.train.eps_low = 0.3           # DIS band: keep tokens with 1-eps_low < ratio < 1+eps_high
+  c.train.eps_high = 5.0
+  c.train.gamma = 1.0             # discount
+  c.train.lam_policy = "adaptive" # "adaptive" = 1 - 1/(lam_alpha * l), or a float
+  c.train.lam_alpha = 1.5         # alpha of the length-adaptive lambda
+  c.train.max_grad_norm = 1.0     # global-norm gradient clipping
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.slots = 64               # decode slots for greedy evaluation
+  c.eval.every_steps = 20         # periodic eval (0 = only before/after)
+  c.eval.periodic_problems = 100  # problems in the periodic eval (first of the held-out set)
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every_steps = 50   # orbax checkpoint period (0 = never); always one at the end
+
+  c.log = ml_collections.ConfigDict()
+  c.log.tensorboard = True        # TensorBoard event files under run_dir/tb
+
+  if variant == "smoke":
+    c.task.n_train, c.task.n_eval = 64, 16
+    c.sft.steps, c.sft.num_demos = 20, 64
+    c.rollout.slots, c.eval.slots = 8, 16
+    c.train.num_steps, c.train.batch_size = 3, 8
+    c.eval.every_steps, c.checkpoint.every_steps = 2, 2
+    c.run_dir = "runs/arith_tool_smoke"
+  elif variant:
+    raise ValueError(f"unknown variant {variant!r} of configs/arith_tool.py; use '' or 'smoke'.")
+  return c

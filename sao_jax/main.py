@@ -1,0 +1,20 @@
+"""The SAO main job. `python -m sao_jax.main --config=configs/arith_tool.py [--config.x=y]`."""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file "
+                                 "(`path.py` or `path.py:variant`).", lock_config=True)
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  del argv
+  if FLAGS.config is None:
+    raise app.UsageError("--config is required, e.g. --config=configs/arith_tool.py")
+  from sao_jax.train import loop  # pylint: disable=import-outside-toplevel
+  loop.run(FLAGS.config)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,279 @@
+"""A JetStream ``engine_api.Engine`` for the sao_jax decoder that also returns log-probs.
+
+Continuous batching over ``max_concurrent_decodes`` decode slots, the JetStream way:
+
+* ``prefill(params, existing_prefix, padded_tokens, true_length) -> Prefix`` runs the prompt (or,
+  with ``existing_prefix``, a chunk appended after an existing KV cache: the multi-turn hook for
+  environment observations) and samples the first token;
+* ``insert(prefix, decode_state, slot)`` copies that KV cache into a slot;
+* ``generate(params, decode_state)`` feeds every slot's last sampled token, samples the next one
+  and returns ``LogProbResultTokens`` (JetStream's ``ResultTokens`` plus a ``logprobs`` array).
+
+Sampling and log-probs (what DIS needs): the token is drawn from ``softmax(logits / temperature)``
+and the recorded log-prob is ``log_softmax(logits / temperature)[token]`` -- the distribution that
+was actually sampled. ``temperature == 0`` means greedy (argmax); its recorded log-prob is that of
+the temperature-1 distribution. No top-k/top-p: their log-probs would belong to a truncated
+distribution the trainer does not recompute.
+
+KV-cache layout: per layer ``(k, v)`` of ``[slots, cache_len, n_kv_heads, head_dim]``;
+``cache_len = max_seq_len + max_prefill_length`` so a padded prefill chunk never runs off the end.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, struct
+
+from sao_jax.models.transformer import ModelConfig, Transformer, init_cache
+from sao_jax.rollout.jetstream_compat import engine_api, tokenizer_api, tokenizer_pb2
+
+
+@struct.dataclass
+class Prefix:
+  """KV cache of one sequence plus its first sampled token.
+
+  cache: per layer (k, v) [1, cache_len, n_kv_heads, head_dim]; length: int32 [] tokens in the
+  cache; token: int32 [] sampled next token (not yet in the cache); logprob: float32 [].
+  """
+  cache: Any
+  length: jax.Array
+  token: jax.Array
+  logprob: jax.Array
+
+
+@struct.dataclass
+class DecodeState:
+  """All slots. lengths/tokens/logprobs: [slots]; ``tokens`` are sampled but not yet cached."""
+  cache: Any
+  lengths: jax.Array
+  tokens: jax.Array
+  logprobs: jax.Array
+  rng: jax.Array
+
+
+@struct.dataclass
+class LogProbResultTokens(engine_api.ResultTokens):
+  """JetStream ResultTokens plus ``logprobs: float32 [slots, 1]`` of the sampled tokens."""
+  logprobs: Any = None
+
+  def convert_to_numpy(self) -> "LogProbResultTokens":
+    return LogProbResultTokens(np.asarray(self.data), self.tokens_idx, self.valid_idx,
+                               self.length_idx, self.samples_per_slot,
+                               np.asarray(self.logprobs))
+
+
+def sample_tokens(logits: jax.Array, rng: jax.Array, temperature) -> tuple[jax.Array, jax.Array]:
+  """Samples from softmax(logits / temperature); greedy when temperature == 0.
+
+  Args: logits float32 [..., V]; rng PRNG key; temperature float scalar (traced is fine).
+  Returns: (tokens int32 [...], logprobs float32 [...]) where logprobs is the log-probability
+  of each token under the distribution it was drawn from (temperature 1 when greedy).
+  """
+  t = jnp.asarray(temperature, jnp.float32)
+  greedy = t <= 0.0
+  logp = jax.nn.log_softmax(logits / jnp.where(greedy, 1.0, t), axis=-1)
+  sampled = jax.random.categorical(rng, logp, axis=-1)
+  tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+  return tokens, jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+
+
+class CharTokenizerAdapter(tokenizer_api.Tokenizer):
+  """Wraps any tokenizer with ``encode``/``decode``/``pad_id``/``eos_id``/``bos_id`` as a
+  JetStream ``tokenizer_api.Tokenizer``."""
+
+  def __init__(self, tokenizer):
+    self._tok = tokenizer
+
+  def encode(self, s: str, **kwargs):
+    ids = np.asarray(self._tok.encode(s), np.int32)
+    return ids, len(ids)
+
+  def decode(self, token_ids, **kwargs) -> str:
+    return self._tok.decode(list(token_ids))
+
+  @property
+  def pad_id(self) -> int:
+    return self._tok.pad_id
+
+  @property
+  def eos_id(self) -> int:
+    return self._tok.eos_id
+
+  @property
+  def bos_id(self) -> int:
+    return self._tok.bos_id
+
+
+class SAOEngine(engine_api.Engine):
+  """JetStream engine for ``sao_jax.models.Transformer`` with per-token log-probs.
+
+  Args:
+    model_config: the decoder's ``ModelConfig``.
+    graphdef: ``nnx.split(model)[0]`` of a ``Transformer`` with that config.
+    tokenizer: object with encode/decode/pad_id/eos_id/bos_id (e.g. ``CharTokenizer``).
+    max_concurrent_decodes: number of decode slots.
+    max_prefill_length: longest chunk one prefill call takes (prompt or observation).
+    temperature: sampling temperature (0 = greedy).
+    seed: PRNG seed for sampling.
+    mesh: device mesh the engine runs on (default: one device).
+  """
+
+  def __init__(self, model_config: ModelConfig, graphdef, tokenizer, *,
+               max_concurrent_decodes: int = 32, max_prefill_length: int = 64,
+               temperature: float = 1.0, seed: int = 0, mesh: Optional[jax.sharding.Mesh] = None):
+    self.cfg = model_config
+    self.graphdef = graphdef
+    self.tokenizer = tokenizer
+    self._slots = max_concurrent_decodes
+    self._max_prefill = max_prefill_length
+    self.temperature = float(temperature)
+    self.cache_len = model_config.max_seq_len + max_prefill_length
+    self._mesh = mesh or jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    self._base_key = jax.random.key(seed)
+    self._counter = itertools.count()
+    self._lock = threading.Lock()
+    self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("has_prefix",))
+    self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
+    self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
+    self._slot_prefix_jit = jax.jit(self._slot_prefix_impl)
+
+  # ---- pure implementations -------------------------------------------------------------------
+  def _prefill_impl(self, params, cache, start, tokens, true_length, rng, temperature, *,
+                    has_prefix):
+    del has_prefix  # only distinguishes the compiled variants
+    model = nnx.merge(self.graphdef, params)
+    positions = (start + jnp.arange(tokens.shape[0], dtype=jnp.int32))[None]
+    logits, cache = model(tokens[None], positions, cache)
+    last = jax.lax.dynamic_index_in_dim(logits[0], true_length - 1, keepdims=False)
+    token, logprob = sample_tokens(last, rng, temperature)
+    return Prefix(cache=cache, length=start + true_length, token=token, logprob=logprob)
+
+  def _generate_impl(self, params, state: DecodeState, temperature):
+    model = nnx.merge(self.graphdef, params)
+    rng, sub = jax.random.split(state.rng)
+    logits, cache = model(state.tokens[:, None], state.lengths[:, None], state.cache)
+    tokens, logprobs = sample_tokens(logits[:, 0], sub, temperature)
+    lengths = jnp.minimum(state.lengths + 1, self.cfg.max_seq_len)
+    new_state = DecodeState(cache=cache, lengths=lengths, tokens=tokens, logprobs=logprobs,
+                            rng=rng)
+    data = jnp.stack([tokens, jnp.ones_like(tokens), lengths], axis=-1)
+    result = LogProbResultTokens(data=data, tokens_idx=(0, 1), valid_idx=(1, 2),
+                                 length_idx=(2, 3), samples_per_slot=1,
+                                 logprobs=logprobs[:, None])
+    return new_state, result
+
+  @staticmethod
+  def _insert_impl(prefix: Prefix, state: DecodeState, slot):
+    cache = [(jax.lax.dynamic_update_slice_in_dim(k, pk, slot, axis=0),
+              jax.lax.dynamic_update_slice_in_dim(v, pv, slot, axis=0))
+             for (k, v), (pk, pv) in zip(state.cache, prefix.cache)]
+    return state.replace(cache=cache, lengths=state.lengths.at[slot].set(prefix.length),
+                         tokens=state.tokens.at[slot].set(prefix.token),
+                         logprobs=state.logprobs.at[slot].set(prefix.logprob))
+
+  @staticmethod
+  def _slot_prefix_impl(state: DecodeState, slot):
+    cache = [(jax.lax.dynamic_slice_in_dim(k, slot, 1, axis=0),
+              jax.lax.dynamic_slice_in_dim(v, slot, 1, axis=0)) for k, v in state.cache]
+    return Prefix(cache=cache, length=state.lengths[slot], token=state.tokens[slot],
+                  logprob=state.logprobs[slot])
+
+  def _next_key(self):
+    with self._lock:
+      return jax.random.fold_in(self._base_key, next(self._counter))
+
+  # ---- JetStream Engine API ---------------------------------------------------------------------
+  def prefill(self, *, params, existing_prefix: Optional[Prefix] = None,
+              padded_tokens: jax.Array, true_length: int,
+              temperature: Optional[float] = None) -> Prefix:
+    """Runs ``padded_tokens[:true_length]`` after ``existing_prefix`` (if any) and samples the
+    next token. padded_tokens: int32 [T], T <= max_prefill_length (use ``pad_to_bucket``).
+
+    Raises ValueError if the chunk is longer than ``max_prefill_length`` or the sequence would
+    exceed ``model.max_seq_len``."""
+    padded_tokens = jnp.asarray(padded_tokens, jnp.int32)
+    if padded_tokens.shape[0] > self._max_prefill:
+      raise ValueError(f"prefill chunk of {padded_tokens.shape[0]} tokens exceeds "
+                       f"rollout.max_prefill_length={self._max_prefill}; raise it.")
+    if existing_prefix is None:
+      cache = init_cache(self.cfg, 1, self.cache_len)
+      start = jnp.int32(0)
+    else:
+      cache, start = existing_prefix.cache, existing_prefix.length
+    temp = self.temperature if temperature is None else temperature
+    return self._prefill_jit(params, cache, jnp.asarray(start, jnp.int32), padded_tokens,
+                             jnp.int32(true_length), self._next_key(), jnp.float32(temp),
+                             has_prefix=existing_prefix is not None)
+
+  def generate(self, params, decode_state: DecodeState,
+               temperature: Optional[float] = None):
+    """One decode step for every slot: returns (new DecodeState, LogProbResultTokens)."""
+    temp = self.temperature if temperature is None else temperature
+    return self._generate_jit(params, decode_state, jnp.float32(temp))
+
+  def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
+    return self._insert_jit(prefix, decode_state, jnp.int32(slot))
+
+  def slot_prefix(self, decode_state: DecodeState, slot: int) -> Prefix:
+    """The KV cache of ``slot`` as a ``Prefix`` (for ``prefill(existing_prefix=...)``): the
+    multi-turn continuation hook. Its ``token`` is the last sampled token, not yet cached."""
+    return self._slot_prefix_jit(decode_state, jnp.int32(slot))
+
+  def init_decode_state(self, seed: int = 0) -> DecodeState:  # pylint: disable=arguments-differ
+    n = self._slots
+    return DecodeState(cache=init_cache(self.cfg, n, self.cache_len),
+                       lengths=jnp.zeros((n,), jnp.int32), tokens=jnp.zeros((n,), jnp.int32),
+                       logprobs=jnp.zeros((n,), jnp.float32), rng=jax.random.key(seed))
+
+  def load_params(self, params=None, *args, **kwargs):  # pylint: disable=arguments-differ
+    """Params come from the trainer (weight sync); this returns them unchanged."""
+    if params is None:
+      raise ValueError("SAOEngine.load_params needs the policy params (pure dict).")
+    return params
+
+  def get_prefix_destination_sharding(self) -> Any:
+    return None
+
+  def get_tokenizer(self) -> tokenizer_pb2.TokenizerParameters:
+    return tokenizer_pb2.TokenizerParameters(path="sao_jax:builtin")
+
+  def build_tokenizer(self, metadata=None) -> tokenizer_api.Tokenizer:
+    return CharTokenizerAdapter(self.tokenizer)
+
+  @property
+  def max_concurrent_decodes(self) -> int:
+    return self._slots
+
+  @property
+  def samples_per_slot(self) -> int:
+    return 1
+
+  @property
+  def max_prefill_length(self) -> int:
+    return self._max_prefill
+
+  @property
+  def mesh(self) -> jax.sharding.Mesh:
+    return self._mesh
+
+  @property
+  def colocated_cpus(self):
+    return None
+
+  def pad_to_bucket(self, ids) -> tuple[np.ndarray, int]:
+    """Right-pads ``ids`` to the next power of two (>= 8, <= max_prefill_length) so prefill
+    compiles once per bucket. Returns (padded int32 [T], true_length)."""
+    n = len(ids)
+    if n == 0 or n > self._max_prefill:
+      raise ValueError(f"prefill chunk has {n} tokens; allowed 1..rollout.max_prefill_length="
+                       f"{self._max_prefill}.")
+    size = min(max(8, 1 << (n - 1).bit_length()), self._max_prefill)
+    out = np.full((size,), self.tokenizer.pad_id, np.int32)
+    out[:n] = ids
+    return out, n

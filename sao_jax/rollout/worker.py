@@ -1,0 +1,222 @@
+"""Rollout worker: drives a JetStream engine with continuous batching over multi-turn envs.
+
+Each loop iteration: pick up the newest weights (between generate steps), fill free slots with new
+prompts (prefill + insert), run one ``generate`` step for all slots, and route every newly sampled
+token to its trajectory. When a turn ends (stop token or per-turn limit) the environment answers:
+either the trajectory is done and is emitted, or its observation tokens are appended to the slot's
+existing KV cache with ``prefill(existing_prefix=...)`` (no recompute of the prefix) and decoding
+continues. Every action token records the engine's log-prob and the policy version that sampled it.
+
+The KV cache of tokens generated before a weight update is kept (stale KV): tokens keep the
+log-probs and versions they were sampled with, which is exactly what DIS corrects for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import traceback
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+
+from sao_jax.rollout.engine import SAOEngine
+from sao_jax.rollout.sync import WeightStore
+from sao_jax.rollout.trajectory import Trajectory
+
+
+@dataclasses.dataclass
+class _Slot:
+  problem: object
+  tokens: list
+  action_mask: list
+  logprobs: list
+  versions: list
+  turn: int = 0
+  turn_start: int = 0
+  t_start: float = 0.0
+  tool_calls: int = 0
+
+
+@dataclasses.dataclass
+class WorkerStats:
+  generate_steps: int = 0
+  generate_s: float = 0.0
+  prefill_s: float = 0.0
+  env_s: float = 0.0
+  idle_s: float = 0.0
+  tokens_sampled: int = 0
+  trajectories: int = 0
+  env_errors: int = 0
+
+
+class RolloutWorker:
+  """Continuous-batching rollout loop over one engine.
+
+  Args:
+    engine: a ``SAOEngine``.
+    env: environment with ``prompt_ids(problem)`` and ``step(problem, turn, action_ids)``.
+    problems: iterator of problems; the worker stops admitting when it is exhausted.
+    sink: called with each finished ``Trajectory``; returns False to ask the worker to stop.
+    weights: ``WeightStore`` the trainer publishes to.
+    stop_ids: token ids that end a turn (e.g. eos and ``</tool>``).
+    max_new_tokens: per-turn cap on sampled tokens.
+    max_seq_len: cap on prompt + response length (the model's ``max_seq_len``).
+    temperature: sampling temperature (None: the engine's).
+  """
+
+  def __init__(self, engine: SAOEngine, env, problems: Iterator, sink: Callable[[Trajectory], bool],
+               weights: WeightStore, *, stop_ids, max_new_tokens: int, max_seq_len: int,
+               temperature: Optional[float] = None, seed: int = 0):
+    self.engine, self.env, self.problems, self.sink = engine, env, problems, sink
+    self.weights = weights
+    self.stop_ids = frozenset(int(i) for i in stop_ids)
+    self.max_new_tokens = max_new_tokens
+    self.max_seq_len = min(max_seq_len, engine.cfg.max_seq_len)
+    self.temperature = temperature
+    self.params, self.version = weights.latest()
+    self.state = engine.init_decode_state(seed)
+    self.slots: list[Optional[_Slot]] = [None] * engine.max_concurrent_decodes
+    self.exhausted = False
+    self.stats = WorkerStats()
+    self.error: Optional[BaseException] = None
+
+  # ---- helpers ----------------------------------------------------------------------------------
+  def _prefill(self, ids, prefix=None):
+    padded, n = self.engine.pad_to_bucket(ids)
+    t0 = time.perf_counter()
+    out = self.engine.prefill(params=self.params, existing_prefix=prefix, padded_tokens=padded,
+                              true_length=n, temperature=self.temperature)
+    self.stats.prefill_s += time.perf_counter() - t0
+    return out
+
+  def _admit(self, i: int) -> bool:
+    try:
+      problem = next(self.problems)
+    except StopIteration:
+      self.exhausted = True
+      return False
+    prompt = list(self.env.prompt_ids(problem))
+    if len(prompt) >= self.max_seq_len:
+      raise ValueError(f"prompt of {len(prompt)} tokens for problem {getattr(problem, 'id', '?')} "
+                       f"does not fit model.max_seq_len={self.max_seq_len}; raise it.")
+    n = len(prompt)
+    slot = _Slot(problem, prompt, [0.0] * n, [0.0] * n, [-1] * n, turn_start=n,
+                 t_start=time.time())
+    prefix = self._prefill(prompt)
+    self.state = self.engine.insert(prefix, self.state, i)
+    self.slots[i] = slot
+    self._on_token(i, int(prefix.token), float(prefix.logprob))
+    return True
+
+  def _on_token(self, i: int, token: int, logprob: float) -> None:
+    """Records a sampled token for slot i; ends the turn when due (may recurse via prefill)."""
+    s = self.slots[i]
+    s.tokens.append(token)
+    s.action_mask.append(1.0)
+    s.logprobs.append(logprob)
+    s.versions.append(self.version)
+    self.stats.tokens_sampled += 1
+    turn_len = len(s.tokens) - s.turn_start
+    ended = token in self.stop_ids
+    if not (ended or turn_len >= self.max_new_tokens or len(s.tokens) >= self.max_seq_len):
+      return
+    t0 = time.perf_counter()
+    try:
+      step = self.env.step(s.problem, s.turn, s.tokens[s.turn_start:])
+    except Exception as e:  # a failing env/reward must not kill the run: record and go on
+      self.stats.env_errors += 1
+      self._finish(i, 0.0, truncated=False,
+                   info={"failed": True, "error": f"{type(e).__name__}: {e}",
+                         "traceback": traceback.format_exc(limit=3)})
+      return
+    finally:
+      self.stats.env_s += time.perf_counter() - t0
+    s.turn += 1
+    s.tool_calls += int(step.info.get("tool_calls", 0))
+    obs = list(step.observation_ids)
+    if step.done or not ended:
+      truncated = (not ended) or bool(step.info.get("truncated", False))
+      self._finish(i, float(step.reward), truncated=truncated, info=dict(step.info))
+      return
+    if len(s.tokens) + len(obs) + 1 > self.max_seq_len or len(obs) + 1 > self.engine.max_prefill_length:
+      self._finish(i, 0.0, truncated=True, info=dict(step.info, truncated=True))
+      return
+    # Observation: append to the slot's KV cache after the stop token (not yet cached).
+    s.tokens.extend(obs)
+    s.action_mask.extend([0.0] * len(obs))
+    s.logprobs.extend([0.0] * len(obs))
+    s.versions.extend([-1] * len(obs))
+    s.turn_start = len(s.tokens)
+    prefix = self._prefill([token] + obs, prefix=self.engine.slot_prefix(self.state, i))
+    self.state = self.engine.insert(prefix, self.state, i)
+    self._on_token(i, int(prefix.token), float(prefix.logprob))
+
+  def _finish(self, i: int, reward: float, truncated: bool, info: dict) -> None:
+    s = self.slots[i]
+    self.slots[i] = None
+    info = dict(info, tool_calls=s.tool_calls)  # summed over the episode's turns
+    traj = Trajectory(
+        problem_id=str(getattr(s.problem, "id", "")),
+        tokens=np.asarray(s.tokens, np.int32), action_mask=np.asarray(s.action_mask, np.float32),
+        logprobs=np.asarray(s.logprobs, np.float32),
+        policy_version=np.asarray(s.versions, np.int32), reward=reward, num_turns=s.turn,
+        truncated=truncated, info=info, t_start=s.t_start, t_end=time.time())
+    self.stats.trajectories += 1
+    if not self.sink(traj):
+      self.exhausted = True
+
+  # ---- loop -------------------------------------------------------------------------------------
+  def step(self) -> bool:
+    """One iteration. Returns False when there is nothing left to do."""
+    newer = self.weights.latest_if_newer(self.version)
+    if newer is not None:
+      self.params, self.version = newer
+    for i in range(len(self.slots)):
+      while self.slots[i] is None and not self.exhausted:
+        if not self._admit(i):
+          break
+    if not any(s is not None for s in self.slots):
+      return not self.exhausted
+    t0 = time.perf_counter()
+    self.state, result = self.engine.generate(self.params, self.state, self.temperature)
+    tokens = np.asarray(result.data[:, 0])
+    logprobs = np.asarray(result.logprobs[:, 0])
+    self.stats.generate_s += time.perf_counter() - t0
+    self.stats.generate_steps += 1
+    for i, s in enumerate(self.slots):
+      if s is not None:
+        self._on_token(i, int(tokens[i]), float(logprobs[i]))
+    return True
+
+  def run(self, stop: Optional[threading.Event] = None) -> None:
+    """Loops until the problems are exhausted and every slot drained, or ``stop`` is set."""
+    try:
+      while not (stop is not None and stop.is_set()):
+        if not self.step():
+          break
+    except BaseException as e:  # surfaced to the trainer, which reports and stops
+      self.error = e
+      raise
+
+  def start_thread(self, stop: threading.Event) -> threading.Thread:
+    t = threading.Thread(target=self.run, args=(stop,), name="rollout-worker", daemon=True)
+    t.start()
+    return t
+
+
+def generate_trajectories(engine: SAOEngine, env, params, problems, *, stop_ids,
+                          max_new_tokens: int, max_seq_len: int, temperature: float,
+                          version: int = 0, seed: int = 0) -> list[Trajectory]:
+  """Synchronously rolls out every problem once (e.g. greedy evaluation, temperature=0).
+
+  Returns the trajectories in the order of ``problems``."""
+  out: list[Trajectory] = []
+  worker = RolloutWorker(engine, env, iter(problems), lambda t: out.append(t) or True,
+                         WeightStore(params, version), stop_ids=stop_ids,
+                         max_new_tokens=max_new_tokens, max_seq_len=max_seq_len,
+                         temperature=temperature, seed=seed)
+  worker.run()
+  order = {getattr(p, "id", i): i for i, p in enumerate(problems)}
+  return sorted(out, key=lambda t: order.get(t.problem_id, 0))

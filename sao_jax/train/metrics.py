@@ -1,0 +1,60 @@
+"""Metric logging: stdout progress lines, JSONL + CSV files and TensorBoard event files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import sys
+from typing import Any, Optional
+
+
+class MetricLogger:
+  """Writes one record per step to ``run_dir/metrics.jsonl`` and TensorBoard (tensorboardX),
+  prints a short line for the keys in ``console_keys``, and on ``close`` writes
+  ``run_dir/metrics.csv`` (columns = union of all keys)."""
+
+  def __init__(self, run_dir: str, console_keys=(), tensorboard: bool = True, stream=None):
+    os.makedirs(run_dir, exist_ok=True)
+    self.run_dir = run_dir
+    self.console_keys = tuple(console_keys)
+    self.stream = stream or sys.stdout
+    self.records: list[dict] = []
+    self._jsonl = open(os.path.join(run_dir, "metrics.jsonl"), "a", encoding="utf-8")
+    self._tb = None
+    if tensorboard:
+      try:
+        from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+        self._tb = SummaryWriter(os.path.join(run_dir, "tb"))
+      except ImportError:
+        self._tb = None
+
+  def log(self, step: int, metrics: dict[str, Any], prefix: str = "") -> None:
+    rec = {"step": step}
+    rec.update({prefix + k: (float(v) if isinstance(v, (int, float)) or hasattr(v, "item") else v)
+                for k, v in metrics.items()})
+    self.records.append(rec)
+    self._jsonl.write(json.dumps(rec) + "\n")
+    self._jsonl.flush()
+    if self._tb is not None:
+      for k, v in rec.items():
+        if k != "step" and isinstance(v, float) and math.isfinite(v):
+          self._tb.add_scalar(k, v, step)
+    shown = [f"{k} {rec[k]:.4g}" for k in self.console_keys if isinstance(rec.get(k), float)]
+    if shown:
+      print(f"[{prefix or 'train'} {step:4d}] " + "  ".join(shown), file=self.stream, flush=True)
+
+  def close(self) -> Optional[str]:
+    self._jsonl.close()
+    if self._tb is not None:
+      self._tb.close()
+    if not self.records:
+      return None
+    keys = sorted({k for r in self.records for k in r}, key=lambda k: (k != "step", k))
+    path = os.path.join(self.run_dir, "metrics.csv")
+    with open(path, "w", newline="", encoding="utf-8") as f:
+      w = csv.DictWriter(f, fieldnames=keys)
+      w.writeheader()
+      w.writerows(self.records)
+    return path

@@ -1,0 +1,57 @@
+"""Optimizers with frozen parameters (the SAO critic's frozen attention)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Sequence
+
+import jax
+import optax
+
+
+def param_path(path) -> str:
+  """'layers/0/attn/q_proj/kernel' for a pytree key path."""
+  parts = []
+  for k in path:
+    for attr in ("key", "idx", "name"):
+      if hasattr(k, attr):
+        parts.append(str(getattr(k, attr)))
+        break
+  return "/".join(parts)
+
+
+def freeze_labels(params: Any, frozen_patterns: Sequence[str]) -> Any:
+  """Pytree like ``params`` of 'frozen' / 'trainable' labels.
+
+  A leaf is frozen when any regex in ``frozen_patterns`` matches (``re.search``) its path
+  ('layers/0/attn/q_proj/kernel'). Raises ValueError if a pattern matches no parameter (a typo
+  would otherwise silently train everything).
+  """
+  paths = [param_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+  for pat in frozen_patterns:
+    if not any(re.search(pat, p) for p in paths):
+      raise ValueError(f"freeze pattern {pat!r} matched no parameter; parameter paths look like "
+                       f"{paths[:3]}. Fix critic.frozen_patterns.")
+  return jax.tree_util.tree_map_with_path(
+      lambda p, _: "frozen" if any(re.search(pat, param_path(p)) for pat in frozen_patterns)
+      else "trainable", params)
+
+
+def make_optimizer(params: Any, *, lr: float, warmup_steps: int = 0, max_grad_norm: float = 1.0,
+                   weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999,
+                   frozen_patterns: Sequence[str] = ()) -> optax.GradientTransformation:
+  """AdamW with linear warm-up and global-norm clipping; frozen leaves get ``set_to_zero``.
+
+  Freezing uses ``optax.multi_transform`` so frozen leaves hold no Adam moments (``optax.masked``
+  would still allocate them). Gradient clipping sees only the trainable leaves.
+  """
+  if lr <= 0:
+    raise ValueError(f"learning rate must be > 0, got {lr}.")
+  schedule = (optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps > 0
+              else optax.constant_schedule(lr))
+  adam = optax.chain(optax.clip_by_global_norm(max_grad_norm),
+                     optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
+  if not frozen_patterns:
+    return adam
+  labels = freeze_labels(params, frozen_patterns)
+  return optax.multi_transform({"trainable": adam, "frozen": optax.set_to_zero()}, labels)

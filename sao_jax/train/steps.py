@@ -1,0 +1,142 @@
+"""Pure, jitted train steps: SFT warm-up, critic (value) step, policy (DIS) step, advantages.
+
+Each ``make_*`` returns ``step(state, batch) -> (state, metrics)`` jitted with the state donated,
+following the Flax NNX Gemma example: the model's ``graphdef`` is static and the params (a pure
+dict) are merged inside the loss. Batches are dicts of ``[B, T]`` arrays aligned with ``tokens``:
+index t of ``action_mask``, ``rollout_logprobs``, ``advantages``, ``returns`` refers to token t,
+whose log-prob comes from the logits at position t-1 (token 0 is never an action).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+
+from sao_jax import algo
+from sao_jax.models.transformer import default_positions
+
+
+@struct.dataclass
+class TrainState:
+  """params: pure dict; opt_state: optax state; step: int32 []."""
+  params: Any
+  opt_state: Any
+  step: jax.Array
+
+  @classmethod
+  def create(cls, params, tx: optax.GradientTransformation) -> "TrainState":
+    return cls(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32))
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0) -> jax.Array:
+  """log softmax(logits[:, t-1] / temperature)[tokens[:, t]] for t >= 1; 0 at t = 0.
+
+  logits float [B, T, V]; tokens int [B, T] -> float32 [B, T]."""
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temperature, axis=-1)
+  picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+  return jnp.pad(picked, ((0, 0), (1, 0)))
+
+
+def shift_values(values: jax.Array) -> jax.Array:
+  """Critic outputs at position t-1 are the values V(s_t) of the state before token t."""
+  return jnp.pad(values[:, :-1], ((0, 0), (1, 0)))
+
+
+def _global_norm(tree) -> jax.Array:
+  return optax.tree.norm(tree).astype(jnp.float32)
+
+
+def make_sft_step(graphdef, tx):
+  """Cross-entropy on demonstration tokens. batch: tokens int32 [B, T], loss_mask f32 [B, T]."""
+
+  def loss_fn(params, batch):
+    model = nnx.merge(graphdef, params)
+    logits, _ = model(batch["tokens"], default_positions(batch["tokens"]))
+    logp = token_logprobs(logits, batch["tokens"])
+    mask = batch["loss_mask"]
+    return -(logp * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def step(state: TrainState, batch):
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return (TrainState(params, opt_state, state.step + 1),
+            {"sft_loss": loss, "grad_norm": _global_norm(grads)})
+
+  return step
+
+
+def make_advantage_fn(critic_graphdef, *, gamma: float, lam_policy, lam_critic: float = 1.0,
+                      lam_alpha: float = 1.5):
+  """Values from the current critic, then advantages (policy lambda) and returns (critic lambda)
+  from the same values with skip-observation GAE (SAO §3.3).
+
+  ``lam_policy`` is a float or "adaptive" (``1 - 1/(lam_alpha * l)``, l = action tokens per row,
+  VAPO). Returns a jitted ``fn(critic_params, batch) -> dict(values, advantages, returns)``.
+  """
+
+  @jax.jit
+  def fn(critic_params, batch):
+    critic = nnx.merge(critic_graphdef, critic_params)
+    values = shift_values(critic(batch["tokens"], default_positions(batch["tokens"])))
+    values = jax.lax.stop_gradient(values * batch["action_mask"])
+    if lam_policy == "adaptive":
+      lam = algo.length_adaptive_lambda(batch["action_mask"].sum(-1), lam_alpha)
+    else:
+      lam = jnp.float32(lam_policy)
+    adv, _ = algo.skip_observation_gae(batch["rewards"], values, batch["action_mask"], gamma, lam)
+    _, returns = algo.skip_observation_gae(batch["rewards"], values, batch["action_mask"], gamma,
+                                           lam_critic)
+    return {"values": values, "advantages": adv, "returns": returns}
+
+  return fn
+
+
+def make_critic_step(graphdef, tx, *, value_clip_eps=None):
+  """One value-model update on fixed targets. batch: tokens, action_mask, returns, values
+  (the values used to build the targets, for clipping and explained variance)."""
+
+  def loss_fn(params, batch):
+    critic = nnx.merge(graphdef, params)
+    values = shift_values(critic(batch["tokens"], default_positions(batch["tokens"])))
+    return algo.value_loss(values, batch["returns"], batch["action_mask"],
+                           old_values=batch["values"], clip_eps=value_clip_eps)
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def step(state: TrainState, batch):
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(metrics, value_loss=loss, critic_grad_norm=_global_norm(grads))
+    return TrainState(params, opt_state, state.step + 1), metrics
+
+  return step
+
+
+def make_policy_step(graphdef, tx, *, eps_low: float, eps_high: float, temperature: float = 1.0):
+  """One policy update with the DIS loss (SAO Eq. 1-3). batch: tokens, action_mask,
+  rollout_logprobs, advantages. The policy's log-probs use the same temperature the engine
+  sampled with, so on-policy ratios are 1."""
+
+  def loss_fn(params, batch):
+    model = nnx.merge(graphdef, params)
+    logits, _ = model(batch["tokens"], default_positions(batch["tokens"]))
+    logp = token_logprobs(logits, batch["tokens"], temperature)
+    return algo.dis_policy_loss(logp, batch["rollout_logprobs"], batch["advantages"],
+                                batch["action_mask"], eps_low, eps_high)
+
+  @functools.partial(jax.jit, donate_argnums=0)
+  def step(state: TrainState, batch):
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = dict(metrics, policy_loss=loss, policy_grad_norm=_global_norm(grads))
+    return TrainState(params, opt_state, state.step + 1), metrics
+
+  return step
