@@ -1,5 +1,6 @@
-"""Pure-function RL kernels for SAO: DIS policy loss, skip-observation GAE,
-length-adaptive lambda, running-mean baseline, value loss and diagnostics.
+"""Pure-function RL kernels for the SAO algorithm family: policy objectives (DIS, PPO clip,
+TIS, IcePop, REINFORCE), advantage estimators (skip-observation / naive / step-level GAE,
+decoupled lambda, GRPO, running-mean baseline), value loss and diagnostics.
 
 Arrays in, arrays (+ metrics dict) out; no state, no I/O. Layout `[batch, time]`.
 """
@@ -7,17 +8,47 @@ Arrays in, arrays (+ metrics dict) out; no state, no I/O. Layout `[batch, time]`
 from sao_jax.algo.advantages import length_adaptive_lambda
 from sao_jax.algo.advantages import running_mean_baseline_advantage
 from sao_jax.algo.advantages import skip_observation_gae
+from sao_jax.algo.estimators import broadcast_to_tokens
+from sao_jax.algo.estimators import decoupled_gae
+from sao_jax.algo.estimators import grpo_advantages
+from sao_jax.algo.estimators import naive_token_gae
+from sao_jax.algo.estimators import response_span
+from sao_jax.algo.estimators import step_level_gae
+from sao_jax.algo.estimators import turn_index
+from sao_jax.algo.objectives import OBJECTIVES
+from sao_jax.algo.objectives import aggregate
+from sao_jax.algo.objectives import dis_objective
+from sao_jax.algo.objectives import get_objective
+from sao_jax.algo.objectives import icepop_objective
+from sao_jax.algo.objectives import ppo_clip_objective
+from sao_jax.algo.objectives import reinforce_objective
+from sao_jax.algo.objectives import tis_objective
 from sao_jax.algo.policy_loss import dis_keep_mask
 from sao_jax.algo.policy_loss import dis_policy_loss
 from sao_jax.algo.value_loss import explained_variance
 from sao_jax.algo.value_loss import value_loss
 
 __all__ = (
+    'OBJECTIVES',
+    'aggregate',
+    'broadcast_to_tokens',
+    'decoupled_gae',
     'dis_keep_mask',
+    'dis_objective',
     'dis_policy_loss',
     'explained_variance',
+    'get_objective',
+    'grpo_advantages',
+    'icepop_objective',
     'length_adaptive_lambda',
+    'naive_token_gae',
+    'ppo_clip_objective',
+    'reinforce_objective',
+    'response_span',
     'running_mean_baseline_advantage',
     'skip_observation_gae',
+    'step_level_gae',
+    'tis_objective',
+    'turn_index',
     'value_loss',
 )

@@ -1,0 +1,202 @@
+"""Advantage estimators of the SAO algorithm family beyond skip-observation GAE.
+
+Pure JAX (no state, no I/O). Token-major padded layout `[B, T]`; `action_mask`
+non-zero on tokens the policy sampled. Rewards sit on each row's last action
+token (project convention).
+
+  naive_token_gae        token GAE whose recursion runs THROUGH observation
+                         tokens (the common bug; ablation of skip-observation GAE)
+  step_level_gae         one value per turn (mean or last token of the turn),
+                         GAE over turns (SAO paper appendix, step-level variant)
+  decoupled_gae          policy advantages with lam_policy, critic returns with
+                         lam_critic (VAPO decoupled GAE), one call
+  grpo_advantages        group-normalised outcome advantages (DeepSeekMath GRPO),
+                         with or without the std division (Dr. GRPO)
+  broadcast_to_tokens    a per-row advantage `[B]` onto that row's action tokens
+Stateful running-mean baselines live in `sao_jax.train.baselines`; their pure
+kernel is `advantages.running_mean_baseline_advantage`.
+"""
+
+from typing import Optional, Tuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from sao_jax.algo.advantages import skip_observation_gae
+
+Array = chex.Array
+Numeric = chex.Numeric
+
+
+def _float_dtype(*arrays) -> jnp.dtype:
+  dtypes = [jnp.asarray(a).dtype for a in arrays]
+  return jnp.result_type(*[d for d in dtypes if jnp.issubdtype(d, jnp.floating)], jnp.float32)
+
+
+def response_span(action_mask: Array) -> Array:
+  """Boolean `[B, T]`: True from each row's first to its last action token (inclusive).
+
+  Observation tokens between two turns are inside the span; prompt and trailing
+  padding are not. Rows without actions are all False."""
+  is_action = jnp.asarray(action_mask).astype(bool)
+  seen_before = jnp.cumsum(is_action, axis=-1) > 0
+  seen_after = jnp.flip(jnp.cumsum(jnp.flip(is_action, -1), axis=-1), -1) > 0
+  return seen_before & seen_after
+
+
+def naive_token_gae(rewards: Array, values: Array, action_mask: Array, gamma: Numeric,
+                    lam: Numeric, bootstrap_value: Optional[Array] = None
+                    ) -> Tuple[Array, Array]:
+  """Token GAE that treats observation tokens as ordinary time steps (the common bug).
+
+  Over the span from the first to the last action token of a row, every position
+  t (action or observation) is a step:
+
+    delta_t = r_t + gamma V_{t+1} - V_t,   A_t = delta_t + gamma lam A_{t+1}
+
+  so an action token bootstraps from the critic's value on the next *observation*
+  token, and gamma / lam decay across observation tokens. Outputs are then zeroed
+  off action tokens. Equals `skip_observation_gae` when a row has no observation
+  inside its span (the hypothesis test checks this).
+
+  Source: the ablation of the SAO paper's skip-observation token GAE.
+
+  Args / returns / raises: as `advantages.skip_observation_gae` (`[B, T]` in,
+  `(advantages, returns)` `[B, T]` out, zero off actions).
+  """
+  span = response_span(action_mask)
+  adv, ret = skip_observation_gae(rewards, values, span, gamma, lam, bootstrap_value)
+  is_action = jnp.asarray(action_mask).astype(bool)
+  return jnp.where(is_action, adv, 0.0), jnp.where(is_action, ret, 0.0)
+
+
+def turn_index(action_mask: Array) -> Tuple[Array, Array]:
+  """Turn id of every action token: turns are maximal runs of consecutive action tokens.
+
+  Returns `(turn_id, num_turns)`: int32 `[B, T]` (0-based on action tokens, -1
+  elsewhere) and int32 `[B]`."""
+  is_action = jnp.asarray(action_mask).astype(bool)
+  prev = jnp.pad(is_action[:, :-1], ((0, 0), (1, 0)))
+  starts = is_action & ~prev
+  tid = jnp.cumsum(starts, axis=-1, dtype=jnp.int32) - 1
+  return jnp.where(is_action, tid, -1), jnp.sum(starts, axis=-1, dtype=jnp.int32)
+
+
+def step_level_gae(rewards: Array, values: Array, action_mask: Array, gamma: Numeric,
+                   lam: Numeric, value_reduction: str = 'mean',
+                   bootstrap_value: Optional[Array] = None) -> Tuple[Array, Array]:
+  """Step-level (turn-level) GAE: one value and one advantage per turn.
+
+  A turn k is a maximal run of consecutive action tokens. With
+    R_k = sum of rewards on turn k's tokens,
+    V_k = mean of V_t over turn k's tokens      (value_reduction='mean'), or
+          V_t at turn k's last token             (value_reduction='last'),
+    delta_k = R_k + gamma V_{k+1} - V_k,  A_k = delta_k + gamma lam A_{k+1}
+  (V = A = 0 past the last turn, or V = bootstrap_value), every token of turn k
+  gets advantage A_k and return A_k + V_k. Zero off action tokens.
+
+  Source: SAO paper appendix (token- vs step-level GAE; average and last-token
+  value variants).
+
+  Args:
+    rewards, values: `[B, T]` float; action_mask: `[B, T]` any dtype.
+    gamma: scalar; lam: scalar or `[B]`.
+    value_reduction: 'mean' or 'last'.
+    bootstrap_value: optional `[B]`.
+
+  Returns:
+    `(advantages, returns)`, `[B, T]`, `result_type(rewards, values, float32)`.
+
+  Raises:
+    ValueError on an unknown `value_reduction`; AssertionError (chex) on shapes.
+  """
+  if value_reduction not in ('mean', 'last'):
+    raise ValueError(f"value_reduction must be 'mean' or 'last', got {value_reduction!r} "
+                     '(train.advantage_estimator step_gae_mean / step_gae_last).')
+  chex.assert_rank([rewards, values, action_mask], 2)
+  chex.assert_equal_shape([rewards, values, action_mask])
+  dtype = _float_dtype(rewards, values)
+  b, t = rewards.shape
+  is_action = jnp.asarray(action_mask).astype(bool)
+  tid, num_turns = turn_index(is_action)
+  seg = jnp.where(is_action, tid, t)  # off-action tokens go to a dropped segment
+  r = jnp.where(is_action, rewards.astype(dtype), 0.0)
+  v = jnp.where(is_action, values.astype(dtype), 0.0)
+
+  def per_row(seg_r, r_r, v_r, m_r):
+    turn_r = jax.ops.segment_sum(r_r, seg_r, num_segments=t + 1)[:t]
+    count = jax.ops.segment_sum(m_r.astype(dtype), seg_r, num_segments=t + 1)[:t]
+    if value_reduction == 'mean':
+      turn_v = jax.ops.segment_sum(v_r, seg_r, num_segments=t + 1)[:t] / jnp.maximum(count, 1.0)
+    else:
+      nxt = jnp.pad(m_r[1:], (0, 1))
+      is_last = m_r & ~nxt
+      turn_v = jax.ops.segment_sum(jnp.where(is_last, v_r, 0.0), seg_r, num_segments=t + 1)[:t]
+    return turn_r, turn_v
+
+  turn_r, turn_v = jax.vmap(per_row)(seg, r, v, is_action)
+  turn_mask = jnp.arange(t)[None, :] < num_turns[:, None]
+  adv_k, ret_k = skip_observation_gae(turn_r, turn_v, turn_mask, gamma, lam, bootstrap_value)
+  safe = jnp.clip(tid, 0, t - 1)
+  adv = jnp.where(is_action, jnp.take_along_axis(adv_k, safe, axis=-1), 0.0)
+  ret = jnp.where(is_action, jnp.take_along_axis(ret_k, safe, axis=-1), 0.0)
+  return adv, ret
+
+
+def decoupled_gae(rewards: Array, values: Array, action_mask: Array, gamma: Numeric,
+                  lam_policy: Numeric, lam_critic: Numeric = 1.0,
+                  bootstrap_value: Optional[Array] = None) -> Tuple[Array, Array]:
+  """Decoupled-lambda skip-observation GAE: advantages with `lam_policy` (scalar or
+  per-row `[B]`, e.g. `length_adaptive_lambda`), critic returns with `lam_critic`
+  (default 1: Monte-Carlo targets), from the same values.
+
+  Source: VAPO (Yue et al. 2025) decoupled GAE, as used by the SAO paper (§3.3).
+
+  Returns `(advantages, returns)` `[B, T]`; raises as `skip_observation_gae`."""
+  adv, _ = skip_observation_gae(rewards, values, action_mask, gamma, lam_policy,
+                                bootstrap_value)
+  _, ret = skip_observation_gae(rewards, values, action_mask, gamma, lam_critic,
+                                bootstrap_value)
+  return adv, ret
+
+
+def grpo_advantages(rewards: Array, normalize_std: bool = True, eps: Numeric = 1e-6) -> Array:
+  """Group-normalised outcome advantages.
+
+    A_{g,i} = (r_{g,i} - mean_i r_{g,i}) / (std_i r_{g,i} + eps)   (normalize_std)
+    A_{g,i} =  r_{g,i} - mean_i r_{g,i}                            (otherwise)
+
+  `std` is the population standard deviation (ddof = 0). A group whose rewards
+  are all equal gets A = 0 (no NaN).
+
+  Sources: GRPO, Shao et al. 2024 (DeepSeekMath) §4.1.2; without the std
+  division, Dr. GRPO (Liu et al. 2025).
+
+  Args:
+    rewards: `[G_num, G]` float or int, one row per group of rollouts of one prompt.
+    normalize_std: divide by the group std.
+    eps: added to the std.
+
+  Returns:
+    `[G_num, G]`, at least float32.
+
+  Raises:
+    AssertionError (chex) if `rewards` is not rank 2.
+  """
+  chex.assert_rank(rewards, 2)
+  dtype = _float_dtype(rewards)
+  r = jnp.asarray(rewards).astype(dtype)
+  centred = r - jnp.mean(r, axis=-1, keepdims=True)
+  if not normalize_std:
+    return centred
+  return centred / (jnp.std(r, axis=-1, keepdims=True) + jnp.asarray(eps, dtype))
+
+
+def broadcast_to_tokens(row_advantages: Array, action_mask: Array) -> Array:
+  """`[B]` per-trajectory advantages onto each row's action tokens -> `[B, T]` (0 elsewhere)."""
+  chex.assert_rank([row_advantages, action_mask], [1, 2])
+  chex.assert_equal_shape_prefix([row_advantages, action_mask], 1)
+  dtype = _float_dtype(row_advantages)
+  is_action = jnp.asarray(action_mask).astype(bool)
+  return jnp.where(is_action, jnp.asarray(row_advantages, dtype)[:, None], 0.0)
