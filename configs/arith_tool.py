@@ -47,7 +47,15 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.queue_size = 64       # bounded trajectory queue (backpressure)
 
   c.train = ml_collections.ConfigDict()
-  c.train.mode = "sao"            # training mode (only "sao" in this version)
+  c.train.mode = "sao"            # sao | vapo | grpo_async | grpo_sync (sao_jax/train/modes.py)
+  c.train.objective = "auto"      # auto (mode default: sao->dis, others->ppo_clip) | dis |
+                                  # ppo_clip | tis | icepop | reinforce (sao_jax/algo/objectives.py)
+  c.train.advantage_estimator = "auto"  # auto (sao/vapo->skip_obs_gae, grpo->grpo) | skip_obs_gae |
+                                  # naive_gae | step_gae_mean | step_gae_last | grpo | grpo_no_std |
+                                  # running_mean_prompt | running_mean_global
+  c.train.group_size = 8          # G rollouts per prompt in the grpo modes (batch_size % G == 0)
+  c.train.max_staleness = -1      # drop trajectories (grpo: whole groups) sampled more than this
+                                  # many policy versions ago; -1 = keep everything
   c.train.num_steps = 100         # policy steps (policy_version increases by one per step)
   c.train.batch_size = 32         # trajectories per policy step (paper: 128), one per prompt
   c.train.policy_lr = 3e-4        # policy learning rate (paper: 1e-6 for a 30B model)
@@ -62,6 +70,19 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.lam_policy = "adaptive" # "adaptive" = 1 - 1/(lam_alpha * l), or a float
   c.train.lam_alpha = 1.5         # alpha of the length-adaptive lambda
   c.train.max_grad_norm = 1.0     # global-norm gradient clipping
+  c.train.ppo_eps_low = 0.2       # PPO-family clip band 1-ppo_eps_low .. 1+ppo_eps_high (clip-higher)
+  c.train.ppo_eps_high = 0.28
+  c.train.dual_clip = 0.0         # PPO dual-clip constant c > 1 for A < 0 (0 = off)
+  c.train.tis_cap = 2.0           # objective=tis: weight min(pi_old / pi_rollout, tis_cap)
+  c.train.icepop_low = 0.5        # objective=icepop: keep tokens with icepop_low <= pi_old/pi_rollout
+  c.train.icepop_high = 5.0       #   <= icepop_high
+  c.train.aggregation = "token_mean"  # token_mean | seq_mean | sum_norm (loss over action tokens)
+  c.train.loss_norm_constant = 0  # sum_norm divisor (e.g. max response tokens); 0 = unset
+  c.train.kl_coef = 0.0           # k3 KL(pi || pi_ref) penalty, ref = the warm-started policy
+  c.train.entropy_coef = 0.0      # entropy bonus coefficient
+  c.train.baseline_window = 8     # running_mean_prompt: last N rewards of the same prompt (paper 8)
+  c.train.global_baseline_window = 128  # running_mean_global: last N rewards overall (paper 128)
+  c.train.bootstrap_truncated = False  # truncated trajectories bootstrap from V(last state), not 0
 
   c.eval = ml_collections.ConfigDict()
   c.eval.slots = 64               # decode slots for greedy evaluation

@@ -57,7 +57,8 @@ class RolloutWorker:
   Args:
     engine: a ``SAOEngine``.
     env: environment with ``prompt_ids(problem)`` and ``step(problem, turn, action_ids)``.
-    problems: iterator of problems; the worker stops admitting when it is exhausted.
+    problems: iterator of problems; the worker stops admitting when it is exhausted. It may
+      yield None to mean "nothing to admit right now" (``train.modes.GatedProblems``).
     sink: called with each finished ``Trajectory``; returns False to ask the worker to stop.
     weights: ``WeightStore`` the trainer publishes to.
     stop_ids: token ids that end a turn (e.g. eos and ``</tool>``).
@@ -79,6 +80,7 @@ class RolloutWorker:
     self.state = engine.init_decode_state(seed)
     self.slots: list[Optional[_Slot]] = [None] * engine.max_concurrent_decodes
     self.exhausted = False
+    self.waiting = False  # the problem source returned None (nothing to admit right now)
     self.stats = WorkerStats()
     self.error: Optional[BaseException] = None
 
@@ -97,6 +99,12 @@ class RolloutWorker:
     except StopIteration:
       self.exhausted = True
       return False
+    if problem is None:  # a gated source has nothing to hand out now (grpo_sync barrier)
+      self.waiting = True
+      return False
+    newer = self.weights.latest_if_newer(self.version)  # a new prompt starts on the newest weights
+    if newer is not None:
+      self.params, self.version = newer
     prompt = list(self.env.prompt_ids(problem))
     if len(prompt) >= self.max_seq_len:
       raise ValueError(f"prompt of {len(prompt)} tokens for problem {getattr(problem, 'id', '?')} "
@@ -173,11 +181,15 @@ class RolloutWorker:
     newer = self.weights.latest_if_newer(self.version)
     if newer is not None:
       self.params, self.version = newer
+    self.waiting = False
     for i in range(len(self.slots)):
-      while self.slots[i] is None and not self.exhausted:
+      while self.slots[i] is None and not self.exhausted and not self.waiting:
         if not self._admit(i):
           break
     if not any(s is not None for s in self.slots):
+      if self.waiting and not self.exhausted:
+        time.sleep(0.002)
+        self.stats.idle_s += 0.002
       return not self.exhausted
     t0 = time.perf_counter()
     self.state, result = self.engine.generate(self.params, self.state, self.temperature)

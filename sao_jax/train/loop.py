@@ -4,6 +4,13 @@ Threads: one rollout worker thread drives the JetStream engine continuously with
 weights it has; the main thread consumes trajectories from the bounded queue as they land,
 runs SAO policy steps and publishes weights (``policy_version`` + 1 per step). Nothing waits for
 a batch's slowest rollout: a step starts as soon as ``batch_size`` trajectories have arrived.
+
+``train.mode`` switches the same loop to a baseline (``sao_jax.train.modes``): ``grpo_async``
+feeds each prompt G times and consumes complete groups as they land; ``grpo_sync`` additionally
+gates the prompts (``GatedProblems``) so that batch n+1 is admitted only after the weights of
+step n are published, and step n+1 waits for the batch's slowest rollout. Every step logs the
+timestamps that show it (``traj_t_start_min``, ``traj_t_end_max``, ``step_t_begin``,
+``step_t_publish``).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from sao_jax.rollout.worker import RolloutWorker, generate_trajectories
 from sao_jax.train import sft as sft_lib
 from sao_jax.train.checkpoint import Checkpointer, load_policy_params
 from sao_jax.train.metrics import MetricLogger
+from sao_jax.train import modes
 from sao_jax.train.sao import SAOConfig, SAOTrainer
 from sao_jax import tasks
 
@@ -64,6 +72,33 @@ def evaluate(engine, task, params, problems, config, version: int = 0) -> dict:
           "tool_use": float(np.mean([t.info.get("tool_calls", 0) > 0 for t in trajs])),
           "response_tokens": float(np.mean([t.num_action_tokens for t in trajs])),
           "n": len(trajs), "trajectories": trajs}
+
+
+def mode_fields(tcfg) -> dict:
+  """The ``SAOConfig`` fields of the algorithm family from ``config.train`` (absent fields keep
+  their SAO defaults, so older configs still run)."""
+  g = tcfg.get
+  kwargs = {"aggregation": g("aggregation", "token_mean"),
+            "entropy_coef": g("entropy_coef", 0.0)}
+  if g("loss_norm_constant", 0):
+    kwargs["norm_constant"] = g("loss_norm_constant", 0)
+  objective = g("objective", "auto")
+  resolved = modes.resolve(g("mode", "sao"), objective, g("advantage_estimator", "auto"),
+                           g("group_size", 8), g("batch_size", 1)).objective
+  if g("dual_clip", 0) and resolved in ("ppo_clip", "tis", "icepop"):
+    kwargs["dual_clip"] = g("dual_clip", 0)
+  if resolved == "tis":
+    kwargs["tis_cap"] = g("tis_cap", 2.0)
+  if resolved == "icepop":
+    kwargs.update(icepop_low=g("icepop_low", 0.5), icepop_high=g("icepop_high", 5.0))
+  return dict(mode=g("mode", "sao"), objective=objective,
+              advantage_estimator=g("advantage_estimator", "auto"),
+              group_size=g("group_size", 8), batch_size=g("batch_size", 0),
+              objective_kwargs=kwargs, ppo_eps_low=g("ppo_eps_low", 0.2),
+              ppo_eps_high=g("ppo_eps_high", 0.28),
+              baseline_window=g("baseline_window", 8),
+              global_baseline_window=g("global_baseline_window", 128),
+              bootstrap_truncated=g("bootstrap_truncated", False), kl_coef=g("kl_coef", 0.0))
 
 
 def _cycle(problems, seed):
@@ -128,7 +163,7 @@ def run(config) -> dict[str, Any]:
                       max_grad_norm=tcfg.max_grad_norm,
                       freeze_critic_attention=tcfg.freeze_critic_attention,
                       temperature=config.rollout.temperature,
-                      batch_length=config.model.max_seq_len)
+                      batch_length=config.model.max_seq_len, **mode_fields(tcfg))
   trainer = SAOTrainer(sao_cfg, policy_graphdef, policy_params, critic_graphdef, critic_params,
                        pad_id=task.tokenizer.pad_id)
   logger = MetricLogger(run_dir, console_keys=CONSOLE_KEYS, tensorboard=config.log.tensorboard)
@@ -138,7 +173,18 @@ def run(config) -> dict[str, Any]:
   weights = WeightStore(trainer.policy_params_copy(), version=0)
   traj_queue = TrajectoryQueue(config.rollout.queue_size)
   stop = threading.Event()
-  worker = RolloutWorker(engine, task.env, _cycle(task.train_problems, config.seed),
+  spec = trainer.spec
+  problems = _cycle(task.train_problems, config.seed)
+  if spec.group_size > 1:
+    problems = modes.repeat_groups(problems, spec.group_size)
+  gate = None
+  if spec.synchronous:
+    problems = gate = modes.GatedProblems(problems)
+    gate.release(tcfg.batch_size)
+  max_staleness = tcfg.get("max_staleness", -1)
+  collector = modes.GroupCollector(spec.group_size)
+  dropped = [0]
+  worker = RolloutWorker(engine, task.env, problems,
                          lambda t: traj_queue.put(t, stop), weights, stop_ids=task.stop_ids,
                          max_new_tokens=config.rollout.max_new_tokens,
                          max_seq_len=config.model.max_seq_len, seed=config.seed)
@@ -146,6 +192,8 @@ def run(config) -> dict[str, Any]:
   version = 0
 
   def take(n: int):
+    """n trajectories (whole groups in the grpo modes), dropping units staler than
+    train.max_staleness versions."""
     out, waited, ages = [], 0.0, []
     t0 = time.perf_counter()
     while len(out) < n:
@@ -156,24 +204,31 @@ def run(config) -> dict[str, Any]:
           raise RuntimeError("the rollout worker stopped: "
                              f"{worker.error!r}") from worker.error
         continue
-      out.append(traj)
       ages.append(age)
+      for unit in (collector.add(traj) if spec.group_size > 1 else [[traj]]):
+        if modes.too_stale(unit, version, max_staleness):
+          dropped[0] += len(unit)
+        else:
+          out.extend(unit)
     waited = time.perf_counter() - t0
     return out, waited, float(np.mean(ages))
 
   history = []
   try:
-    for i in range(tcfg.critic_warmup_steps):
+    for i in range(tcfg.critic_warmup_steps if spec.uses_critic else 0):
       trajs, _, _ = take(tcfg.batch_size)
       m = trainer.critic_only_step(trajs)
       logger.log(i, m, prefix="critic_warmup/")
     last_tokens, last_time = worker.stats.tokens_sampled, time.time()
     for step in range(1, tcfg.num_steps + 1):
       trajs, wait_s, queue_age = take(tcfg.batch_size)
-      t0 = time.perf_counter()
+      t0, step_t_begin = time.perf_counter(), time.time()
       metrics = trainer.step(trajs, policy_version=version)
       version += 1
       weights.publish(trainer.policy_params_copy(), version)
+      step_t_publish = time.time()
+      if gate is not None:  # grpo_sync: the next batch starts only on the new weights
+        gate.release(tcfg.batch_size)
       train_s = time.perf_counter() - t0
       now, tokens = time.time(), worker.stats.tokens_sampled
       metrics.update(
@@ -184,7 +239,12 @@ def run(config) -> dict[str, Any]:
           tokens_per_s=(tokens - last_tokens) / max(now - last_time, 1e-9),
           wait_s=wait_s, train_s=train_s, queue_age_s=queue_age, queue_size=traj_queue.qsize(),
           rollout_generate_s=worker.stats.generate_s, rollout_prefill_s=worker.stats.prefill_s,
-          policy_version=version, elapsed_s=now - t_job)
+          policy_version=version, elapsed_s=now - t_job,
+          traj_t_start_min=min(t.t_start for t in trajs),
+          traj_t_start_max=max(t.t_start for t in trajs),
+          traj_t_end_max=max(t.t_end for t in trajs),
+          step_t_begin=step_t_begin, step_t_publish=step_t_publish,
+          dropped_stale=float(dropped[0]))
       last_tokens, last_time = tokens, now
       if config.eval.every_steps and step % config.eval.every_steps == 0 and step < tcfg.num_steps:
         ev = evaluate(eval_engine, task, trainer.policy.params,

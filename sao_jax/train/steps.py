@@ -72,27 +72,53 @@ def make_sft_step(graphdef, tx):
   return step
 
 
+CRITIC_ESTIMATORS = ("skip_obs_gae", "naive_gae", "step_gae_mean", "step_gae_last")
+
+
 def make_advantage_fn(critic_graphdef, *, gamma: float, lam_policy, lam_critic: float = 1.0,
-                      lam_alpha: float = 1.5):
+                      lam_alpha: float = 1.5, estimator: str = "skip_obs_gae",
+                      bootstrap_truncated: bool = False):
   """Values from the current critic, then advantages (policy lambda) and returns (critic lambda)
-  from the same values with skip-observation GAE (SAO §3.3).
+  from the same values (SAO §3.3, decoupled lambda after VAPO).
 
   ``lam_policy`` is a float or "adaptive" (``1 - 1/(lam_alpha * l)``, l = action tokens per row,
-  VAPO). Returns a jitted ``fn(critic_params, batch) -> dict(values, advantages, returns)``.
+  VAPO). ``estimator``: "skip_obs_gae" (SAO default), "naive_gae" (GAE through observation
+  tokens, the ablation), "step_gae_mean" / "step_gae_last" (one value per turn, paper appendix).
+  ``bootstrap_truncated``: for rows with ``batch["truncated"]`` set, bootstrap from the critic's
+  value of the state after the row's last token (``batch["last_index"]``) instead of 0.
+  Returns a jitted ``fn(critic_params, batch) -> dict(values, advantages, returns)``.
   """
+  if estimator not in CRITIC_ESTIMATORS:
+    raise ValueError(f"unknown critic advantage estimator {estimator!r}; use one of "
+                     f"{CRITIC_ESTIMATORS} (train.advantage_estimator).")
+
+  def gae(rewards, values, mask, lam, bootstrap):
+    if estimator == "skip_obs_gae":
+      return algo.skip_observation_gae(rewards, values, mask, gamma, lam, bootstrap)
+    if estimator == "naive_gae":
+      return algo.naive_token_gae(rewards, values, mask, gamma, lam, bootstrap)
+    return algo.step_level_gae(rewards, values, mask, gamma, lam,
+                               "mean" if estimator == "step_gae_mean" else "last", bootstrap)
 
   @jax.jit
   def fn(critic_params, batch):
     critic = nnx.merge(critic_graphdef, critic_params)
-    values = shift_values(critic(batch["tokens"], default_positions(batch["tokens"])))
-    values = jax.lax.stop_gradient(values * batch["action_mask"])
+    raw = critic(batch["tokens"], default_positions(batch["tokens"]))
+    values = shift_values(raw)
+    if estimator == "naive_gae":  # the naive estimator reads values on observation tokens too
+      values = jax.lax.stop_gradient(values * algo.response_span(batch["action_mask"]))
+    else:
+      values = jax.lax.stop_gradient(values * batch["action_mask"])
+    bootstrap = None
+    if bootstrap_truncated:
+      last = jnp.take_along_axis(raw, batch["last_index"][:, None], axis=-1)[:, 0]
+      bootstrap = jax.lax.stop_gradient(jnp.where(batch["truncated"], last, 0.0))
     if lam_policy == "adaptive":
       lam = algo.length_adaptive_lambda(batch["action_mask"].sum(-1), lam_alpha)
     else:
       lam = jnp.float32(lam_policy)
-    adv, _ = algo.skip_observation_gae(batch["rewards"], values, batch["action_mask"], gamma, lam)
-    _, returns = algo.skip_observation_gae(batch["rewards"], values, batch["action_mask"], gamma,
-                                           lam_critic)
+    adv, _ = gae(batch["rewards"], values, batch["action_mask"], lam, bootstrap)
+    _, returns = gae(batch["rewards"], values, batch["action_mask"], lam_critic, bootstrap)
     return {"values": values, "advantages": adv, "returns": returns}
 
   return fn
@@ -119,17 +145,48 @@ def make_critic_step(graphdef, tx, *, value_clip_eps=None):
   return step
 
 
-def make_policy_step(graphdef, tx, *, eps_low: float, eps_high: float, temperature: float = 1.0):
-  """One policy update with the DIS loss (SAO Eq. 1-3). batch: tokens, action_mask,
-  rollout_logprobs, advantages. The policy's log-probs use the same temperature the engine
-  sampled with, so on-policy ratios are 1."""
+def token_logprobs_and_entropy(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0):
+  """Like ``token_logprobs`` and also the policy entropy of each position's distribution
+  (nats), both float32 [B, T] aligned with ``tokens`` (0 at t = 0)."""
+  logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32) / temperature, axis=-1)
+  picked = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+  entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+  return jnp.pad(picked, ((0, 0), (1, 0))), jnp.pad(entropy, ((0, 0), (1, 0)))
+
+
+def make_logprob_fn(graphdef, temperature: float = 1.0):
+  """Jitted ``fn(params, batch) -> logprobs [B, T]`` (e.g. the reference policy for KL)."""
+
+  @jax.jit
+  def fn(params, batch):
+    model = nnx.merge(graphdef, params)
+    logits, _ = model(batch["tokens"], default_positions(batch["tokens"]))
+    return jax.lax.stop_gradient(token_logprobs(logits, batch["tokens"], temperature))
+
+  return fn
+
+
+def make_policy_step(graphdef, tx, *, eps_low: float, eps_high: float, temperature: float = 1.0,
+                     objective: str = "dis", objective_kwargs: dict | None = None):
+  """One policy update with ``algo.OBJECTIVES[objective]`` (default DIS, SAO Eq. 1-3).
+
+  batch: tokens, action_mask, rollout_logprobs, advantages, optional ref_logprobs (KL term).
+  ``eps_low`` / ``eps_high`` are passed to the band / clip objectives; ``objective_kwargs`` adds
+  the objective's other keywords (dual_clip, tis_cap, icepop_*, aggregation, kl_coef, ...). The
+  old policy of the PPO family is ``stop_gradient(logprobs)``: the batch gets one policy update,
+  so that *is* the recomputed old policy. The policy's log-probs use the same temperature the
+  engine sampled with, so on-policy ratios are 1."""
+  fn = algo.get_objective(objective)
+  kwargs = dict(objective_kwargs or {})
+  if objective != "reinforce":
+    kwargs.update(eps_low=eps_low, eps_high=eps_high)
 
   def loss_fn(params, batch):
     model = nnx.merge(graphdef, params)
     logits, _ = model(batch["tokens"], default_positions(batch["tokens"]))
-    logp = token_logprobs(logits, batch["tokens"], temperature)
-    return algo.dis_policy_loss(logp, batch["rollout_logprobs"], batch["advantages"],
-                                batch["action_mask"], eps_low, eps_high)
+    logp, entropy = token_logprobs_and_entropy(logits, batch["tokens"], temperature)
+    return fn(logp, batch["rollout_logprobs"], batch["advantages"], batch["action_mask"],
+              entropy=entropy, ref_logprobs=batch.get("ref_logprobs"), **kwargs)
 
   @functools.partial(jax.jit, donate_argnums=0)
   def step(state: TrainState, batch):

@@ -1,0 +1,150 @@
+"""Every training mode runs the CPU task end to end (subprocess, tiny model), grpo_sync really
+waits at the batch barrier and sao really does not; mode plumbing unit tests."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sao_jax.rollout.trajectory import Trajectory
+from sao_jax.train import modes
+from sao_jax.train.baselines import RunningMeanBaseline
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TINY = ("--config.model.d_model=32", "--config.model.n_layers=1", "--config.model.d_ff=64",
+         "--config.model.n_heads=2", "--config.model.n_kv_heads=1", "--config.model.head_dim=16",
+         "--config.sft.steps=0", "--config.task.n_eval=4", "--config.eval.every_steps=0",
+         "--config.checkpoint.every_steps=0", "--config.log.tensorboard=False",
+         "--config.train.group_size=4", "--config.train.num_steps=4")
+
+
+@pytest.fixture(scope="module")
+def mode_runs(tmp_path_factory):
+  """metrics.jsonl training records of a 4-step run of every mode (one compilation cache)."""
+  cache = str(tmp_path_factory.mktemp("jax_cache"))
+  env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=cache,
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  out = {}
+  for mode in modes.MODES:
+    run_dir = str(tmp_path_factory.mktemp(mode))
+    proc = subprocess.run(
+        [sys.executable, "-m", "sao_jax.main", "--config=configs/arith_tool.py:smoke",
+         f"--config.run_dir={run_dir}", f"--config.train.mode={mode}", *_TINY],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, (mode, proc.stdout[-2000:] + proc.stderr[-3000:])
+    assert "Held-out evaluation" in proc.stdout
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+      out[mode] = [r for r in map(json.loads, f) if "policy_loss" in r]
+  return out
+
+
+_SHARED_KEYS = ("masked_fraction", "masked_fraction_low", "masked_fraction_high",
+                "masked_fraction_pos_adv", "masked_fraction_neg_adv", "ratio_mean", "ratio_min",
+                "ratio_max", "ess_fraction", "abs_logp_diff_mean", "approx_kl_k3",
+                "mismatch_abs_logp", "mismatch_exp_abs_minus_1", "mismatch_kl_k3", "entropy",
+                "advantage_mean", "advantage_std", "policy_grad_norm", "staleness_max")
+
+
+@pytest.mark.parametrize("mode", modes.MODES)
+def test_every_mode_runs_and_logs_the_shared_metrics(mode_runs, mode):
+  recs = mode_runs[mode]
+  assert [r["step"] for r in recs] == [1, 2, 3, 4]
+  assert [r["policy_version"] for r in recs] == [1, 2, 3, 4]
+  for key in _SHARED_KEYS:
+    assert all(np.isfinite(r[key]) for r in recs), (mode, key)
+  assert all(r["entropy"] > 0 for r in recs)  # a random policy at temperature 1
+  critic = mode in ("sao", "vapo")
+  for key in ("value_loss", "explained_variance", "critic_grad_norm"):
+    assert all((key in r) == critic for r in recs), (mode, key)
+  if mode in ("vapo", "grpo_sync", "grpo_async"):
+    # PPO clip against the recomputed old policy with one update per batch: ratio exactly 1.
+    assert all(r["ratio_min"] == r["ratio_max"] == 1.0 for r in recs)
+  if mode.startswith("grpo"):
+    # Group-normalised advantages have mean 0 per group, hence over whole trajectories.
+    assert all(abs(r["advantage_mean"]) < 0.5 for r in recs)
+
+
+def test_grpo_sync_waits_at_the_batch_barrier(mode_runs):
+  recs = mode_runs["grpo_sync"]
+  for prev, cur in zip(recs, recs[1:]):
+    # Every rollout of batch n+1 was admitted after step n published its weights ...
+    assert cur["traj_t_start_min"] >= prev["step_t_publish"]
+  for r in recs:
+    # ... and step n started only after the slowest rollout of its batch finished.
+    assert r["traj_t_end_max"] <= r["step_t_begin"]
+    assert r["staleness_max"] == 0.0
+
+
+def test_sao_and_grpo_async_do_not_wait(mode_runs):
+  for mode in ("sao", "grpo_async"):
+    recs = mode_runs[mode]
+    overlapped = [cur["traj_t_start_min"] < prev["step_t_publish"]
+                  for prev, cur in zip(recs, recs[1:])]
+    # Rollouts of later batches began while earlier steps trained, sampled by old weights.
+    assert any(overlapped), mode
+    assert max(r["staleness_max"] for r in recs) >= 1, mode
+
+
+# ---- plumbing --------------------------------------------------------------------------------
+
+
+def _traj(pid, reward=0.0, versions=(0,)):
+  n = len(versions)
+  return Trajectory(problem_id=pid, tokens=np.zeros(n + 1, np.int32),
+                    action_mask=np.r_[0.0, np.ones(n)].astype(np.float32),
+                    logprobs=np.zeros(n + 1, np.float32),
+                    policy_version=np.r_[-1, versions].astype(np.int32), reward=reward)
+
+
+def test_resolve_defaults_and_errors():
+  assert modes.resolve("sao") == modes.ModeSpec("sao", "dis", "skip_obs_gae", 1, True, False)
+  assert modes.resolve("vapo").objective == "ppo_clip"
+  spec = modes.resolve("grpo_sync", group_size=4, batch_size=8)
+  assert (spec.estimator, spec.uses_critic, spec.synchronous) == ("grpo", False, True)
+  assert not modes.resolve("sao", estimator="running_mean_prompt").uses_critic
+  with pytest.raises(ValueError, match="train.mode"):
+    modes.resolve("ppo")
+  with pytest.raises(ValueError, match="train.objective"):
+    modes.resolve("sao", objective="trpo")
+  with pytest.raises(ValueError, match="train.advantage_estimator"):
+    modes.resolve("sao", estimator="vtrace")
+  with pytest.raises(ValueError, match="multiple of train.group_size"):
+    modes.resolve("grpo_async", group_size=3, batch_size=8)
+  with pytest.raises(ValueError, match="needs groups"):
+    modes.resolve("sao", estimator="grpo")
+
+
+def test_groups_gate_and_staleness():
+  from sao_jax.data.jsonl import Problem  # pylint: disable=import-outside-toplevel
+  probs = iter([Problem("a", "p", "1"), Problem("b", "q", "2")])
+  ids = [p.id for p in modes.repeat_groups(probs, 3)]
+  assert ids == ["a#g0"] * 3 + ["b#g1"] * 3
+  assert modes.prompt_key("a#g0") == "a"
+  gate = modes.GatedProblems(iter(range(10)))
+  assert next(gate) is None
+  gate.release(2)
+  assert [next(gate), next(gate), next(gate)] == [0, 1, None]
+  col = modes.GroupCollector(2)
+  assert col.add(_traj("x")) == [] and col.add(_traj("y")) == [] and col.pending == 2
+  done = col.add(_traj("x"))
+  assert len(done) == 1 and [t.problem_id for t in done[0]] == ["x", "x"] and col.pending == 1
+  assert not modes.too_stale([_traj("x", versions=(3, 5))], 7, 4)
+  assert modes.too_stale([_traj("x", versions=(2, 5))], 7, 4)
+  assert not modes.too_stale([_traj("x", versions=(0,))], 99, -1)
+
+
+def test_running_mean_baselines():
+  """Per prompt, window 2: rewards a:1 -> A=1-0; a:0 -> 0-1; b:1 -> 1-0; a:1 -> 1-(1+0)/2;
+  a:1 -> 1-(0+1)/2 (the 1 from the first reward left the window)."""
+  rm = RunningMeanBaseline(2, per_key=True)
+  adv = rm(["a", "a", "b", "a", "a"], [1.0, 0.0, 1.0, 1.0, 1.0])
+  np.testing.assert_allclose(adv, [1.0, -1.0, 1.0, 0.5, 0.5])
+  glob = RunningMeanBaseline(3, per_key=False)
+  np.testing.assert_allclose(glob(["a", "b", "c", "d"], [1.0, 0.0, 0.0, 1.0]),
+                             [1.0, -1.0, -0.5, 1 - 1 / 3])
+  with pytest.raises(ValueError, match="baseline_window"):
+    RunningMeanBaseline(0)
