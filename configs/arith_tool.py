@@ -45,6 +45,13 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.max_new_tokens = 24   # per-turn cap on sampled tokens
   c.rollout.max_prefill_length = 64  # longest prompt / observation chunk
   c.rollout.queue_size = 64       # bounded trajectory queue (backpressure)
+  c.rollout.source = "thread"     # "thread": engine in this process; "grpc": rollout.hosts
+  c.rollout.hosts = ""            # "host:rl_port,..." of `python -m sao_jax.rollout.host` (grpc)
+  c.rollout.weights_dir = ""      # grpc: publish weights to this shared path instead of gRPC
+  c.rollout.kv_on_update = "keep" # weight update mid-rollout: "keep" stale KV or "recompute"
+  c.rollout.staleness_policy = "none"  # "none" | "admission" | "drop" | "admission+drop"
+  c.rollout.max_staleness = 4     # eta: bound on policy_version lag under a staleness policy
+  c.rollout.serve_slots = 8       # decode slots of a host's JetStream (Decode API) engine
 
   c.train = ml_collections.ConfigDict()
   c.train.mode = "sao"            # sao | vapo | grpo_async | grpo_sync (sao_jax/train/modes.py)

@@ -227,9 +227,13 @@ class SAOEngine(engine_api.Engine):
 
   def init_decode_state(self, seed: int = 0) -> DecodeState:  # pylint: disable=arguments-differ
     n = self._slots
-    return DecodeState(cache=init_cache(self.cfg, n, self.cache_len),
-                       lengths=jnp.zeros((n,), jnp.int32), tokens=jnp.zeros((n,), jnp.int32),
-                       logprobs=jnp.zeros((n,), jnp.float32), rng=jax.random.key(seed))
+    state = DecodeState(cache=init_cache(self.cfg, n, self.cache_len),
+                        lengths=jnp.zeros((n,), jnp.int32), tokens=jnp.zeros((n,), jnp.int32),
+                        logprobs=jnp.zeros((n,), jnp.float32), rng=jax.random.key(seed))
+    if self._mesh.size > 1:  # live on the engine's (sub-)mesh, replicated
+      state = jax.device_put(state, jax.sharding.NamedSharding(self._mesh,
+                                                               jax.sharding.PartitionSpec()))
+    return state
 
   def load_params(self, params=None, *args, **kwargs):  # pylint: disable=arguments-differ
     """Params come from the trainer (weight sync); this returns them unchanged."""

@@ -11,6 +11,10 @@ else:
    instantiated. A real ``seqio``, when installed, is used untouched.
 2. JetStream's orchestrator calls ``jax.tree_map``, which current JAX removed; the orchestrator's
    Driver thread then dies. ``jax.tree_map`` is aliased to ``jax.tree.map`` when missing.
+3. ``jetstream.core.orchestrator`` sets the *root* logger to DEBUG and adds a stdout handler at
+   import time (every generate step is then logged). ``server_lib()`` / ``orchestrator()`` import
+   it lazily (only the inference host needs it) and put the root logger back to its previous
+   level, with JetStream's handler at WARNING.
 
 Import JetStream only through this module: ``from sao_jax.rollout.jetstream_compat import engine_api``.
 """
@@ -55,4 +59,42 @@ from jetstream.engine import engine_api  # noqa: E402
 from jetstream.engine import tokenizer_api  # noqa: E402
 from jetstream.engine import tokenizer_pb2  # noqa: E402
 
-__all__ = ["engine_api", "tokenizer_api", "tokenizer_pb2"]
+
+
+def _import_core(name: str):
+  import importlib  # pylint: disable=import-outside-toplevel
+  import logging  # pylint: disable=import-outside-toplevel
+  root = logging.getLogger()
+  level, handlers = root.level, list(root.handlers)
+  module = importlib.import_module(f"jetstream.core.{name}")
+  root.setLevel(level)
+  for h in root.handlers:
+    if h not in handlers:
+      h.setLevel(logging.WARNING)
+  return module
+
+
+def orchestrator():
+  """``jetstream.core.orchestrator`` (imported on first use, logging side effects undone)."""
+  return _import_core("orchestrator")
+
+
+def server_lib():
+  """``jetstream.core.server_lib`` (JetStream's gRPC server)."""
+  orchestrator()
+  return _import_core("server_lib")
+
+
+def config_lib():
+  """``jetstream.core.config_lib`` (``ServerConfig``)."""
+  return _import_core("config_lib")
+
+
+def decode_pb():
+  """(``jetstream_pb2``, ``jetstream_pb2_grpc``): JetStream's client API for ``Decode``."""
+  from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc  # pylint: disable=import-outside-toplevel
+  return jetstream_pb2, jetstream_pb2_grpc
+
+
+__all__ = ["engine_api", "tokenizer_api", "tokenizer_pb2", "orchestrator", "server_lib",
+           "config_lib", "decode_pb"]

@@ -75,6 +75,11 @@ class TrajectoryQueue:
     t_put, item = self._q.get(timeout=timeout)
     return item, time.time() - t_put
 
+  def get_nowait(self) -> tuple[Any, float]:
+    """Like ``get`` without waiting (raises ``queue.Empty``)."""
+    t_put, item = self._q.get_nowait()
+    return item, time.time() - t_put
+
   def qsize(self) -> int:
     return self._q.qsize()
 

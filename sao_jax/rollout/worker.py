@@ -7,8 +7,18 @@ either the trajectory is done and is emitted, or its observation tokens are appe
 existing KV cache with ``prefill(existing_prefix=...)`` (no recompute of the prefix) and decoding
 continues. Every action token records the engine's log-prob and the policy version that sampled it.
 
-The KV cache of tokens generated before a weight update is kept (stale KV): tokens keep the
-log-probs and versions they were sampled with, which is exactly what DIS corrects for.
+KV cache across weight updates (``kv_on_update``): "keep" (default) keeps the stale KV of tokens
+cached before the update -- later tokens are sampled by the new weights attending to keys/values
+the old weights computed; "recompute" re-prefills every running slot's whole sequence with the new
+weights (cost: one prefill of the prefix per slot per update), so every later token is sampled
+exactly as the new policy would. In both modes the tokens already generated keep the log-probs
+and versions they were sampled with (the behaviour policy DIS corrects for).
+
+A trajectory ends on a stop token (eos or a tool call the env answers), a stop string
+(``stop_strings``, matched on the decoded turn), the env's ``done`` (its max turns), the worker's
+``max_turns`` or a length limit (per-turn ``max_new_tokens`` or ``max_seq_len``; recorded as
+``truncated``); ``info["finish_reason"]`` says which. With ``admission`` (``AdmissionControl``)
+a new rollout starts only when AReaL's staleness rule allows it.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from sao_jax.rollout.engine import SAOEngine
+from sao_jax.rollout.staleness import AdmissionControl
 from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.trajectory import Trajectory
 
@@ -49,6 +60,9 @@ class WorkerStats:
   tokens_sampled: int = 0
   trajectories: int = 0
   env_errors: int = 0
+  weight_updates: int = 0
+  kv_recomputes: int = 0
+  admission_waits: int = 0
 
 
 class RolloutWorker:
@@ -65,11 +79,25 @@ class RolloutWorker:
     max_new_tokens: per-turn cap on sampled tokens.
     max_seq_len: cap on prompt + response length (the model's ``max_seq_len``).
     temperature: sampling temperature (None: the engine's).
+    kv_on_update: "keep" (stale KV) or "recompute" (re-prefill running slots with new weights).
+    stop_strings: strings that end a turn like a stop token (matched on the decoded turn).
+    max_turns: cap on policy turns per trajectory (None: the env's own limit).
+    admission: optional shared ``AdmissionControl`` (staleness admission rule).
+
+  Raises ValueError for an unknown ``kv_on_update``.
   """
 
   def __init__(self, engine: SAOEngine, env, problems: Iterator, sink: Callable[[Trajectory], bool],
                weights: WeightStore, *, stop_ids, max_new_tokens: int, max_seq_len: int,
-               temperature: Optional[float] = None, seed: int = 0):
+               temperature: Optional[float] = None, seed: int = 0, kv_on_update: str = "keep",
+               stop_strings=(), max_turns: Optional[int] = None,
+               admission: Optional[AdmissionControl] = None):
+    if kv_on_update not in ("keep", "recompute"):
+      raise ValueError(f"rollout.kv_on_update={kv_on_update!r}; use 'keep' or 'recompute'.")
+    self.kv_on_update = kv_on_update
+    self.stop_strings = tuple(stop_strings)
+    self.max_turns = max_turns
+    self.admission = admission
     self.engine, self.env, self.problems, self.sink = engine, env, problems, sink
     self.weights = weights
     self.stop_ids = frozenset(int(i) for i in stop_ids)
@@ -94,17 +122,20 @@ class RolloutWorker:
     return out
 
   def _admit(self, i: int) -> bool:
+    if self.admission is not None and not self.admission.try_start(self.version):
+      self.stats.admission_waits += 1
+      return False
     try:
       problem = next(self.problems)
     except StopIteration:
       self.exhausted = True
+      if self.admission is not None:
+        self.admission.finish(accepted=False)
       return False
     if problem is None:  # a gated source has nothing to hand out now (grpo_sync barrier)
       self.waiting = True
       return False
-    newer = self.weights.latest_if_newer(self.version)  # a new prompt starts on the newest weights
-    if newer is not None:
-      self.params, self.version = newer
+    self._sync_weights()  # a new prompt starts on the newest weights
     prompt = list(self.env.prompt_ids(problem))
     if len(prompt) >= self.max_seq_len:
       raise ValueError(f"prompt of {len(prompt)} tokens for problem {getattr(problem, 'id', '?')} "
@@ -128,6 +159,10 @@ class RolloutWorker:
     self.stats.tokens_sampled += 1
     turn_len = len(s.tokens) - s.turn_start
     ended = token in self.stop_ids
+    by_string = False
+    if not ended and self.stop_strings:
+      text = self.engine.tokenizer.decode(s.tokens[s.turn_start:])
+      by_string = ended = any(text.endswith(x) for x in self.stop_strings)
     if not (ended or turn_len >= self.max_new_tokens or len(s.tokens) >= self.max_seq_len):
       return
     t0 = time.perf_counter()
@@ -146,10 +181,24 @@ class RolloutWorker:
     obs = list(step.observation_ids)
     if step.done or not ended:
       truncated = (not ended) or bool(step.info.get("truncated", False))
-      self._finish(i, float(step.reward), truncated=truncated, info=dict(step.info))
+      if not ended:
+        reason = "max_length" if len(s.tokens) >= self.max_seq_len else "max_new_tokens"
+      elif by_string:
+        reason = "stop_string"
+      elif token == getattr(self.engine.tokenizer, "eos_id", None):
+        reason = "eos"
+      else:
+        reason = "max_turns" if s.turn >= getattr(self.env, "max_turns", s.turn + 1) else "done"
+      self._finish(i, float(step.reward), truncated=truncated,
+                   info=dict(step.info, finish_reason=reason))
+      return
+    if self.max_turns is not None and s.turn >= self.max_turns:
+      self._finish(i, 0.0, truncated=True,
+                   info=dict(step.info, truncated=True, finish_reason="max_turns"))
       return
     if len(s.tokens) + len(obs) + 1 > self.max_seq_len or len(obs) + 1 > self.engine.max_prefill_length:
-      self._finish(i, 0.0, truncated=True, info=dict(step.info, truncated=True))
+      self._finish(i, 0.0, truncated=True,
+                   info=dict(step.info, truncated=True, finish_reason="max_length"))
       return
     # Observation: append to the slot's KV cache after the stop token (not yet cached).
     s.tokens.extend(obs)
@@ -172,22 +221,45 @@ class RolloutWorker:
         policy_version=np.asarray(s.versions, np.int32), reward=reward, num_turns=s.turn,
         truncated=truncated, info=info, t_start=s.t_start, t_end=time.time())
     self.stats.trajectories += 1
+    if self.admission is not None:
+      self.admission.finish(accepted=not info.get("failed", False))
     if not self.sink(traj):
       self.exhausted = True
+
+  def _recompute_kv(self) -> None:
+    """Re-prefills every running slot's cached tokens with the current params (the pending,
+    not yet cached token and its recorded log-prob are kept)."""
+    chunk = self.engine.max_prefill_length
+    for i, s in enumerate(self.slots):
+      if s is None:
+        continue
+      cached, prefix = s.tokens[:-1], None
+      for start in range(0, len(cached), chunk):
+        prefix = self._prefill(cached[start:start + chunk], prefix=prefix)
+      prefix = prefix.replace(token=np.int32(s.tokens[-1]), logprob=np.float32(s.logprobs[-1]))
+      self.state = self.engine.insert(prefix, self.state, i)
+      self.stats.kv_recomputes += 1
+
+  def _sync_weights(self) -> None:
+    """Picks up the newest published weights (between generate steps / before a new prompt)."""
+    newer = self.weights.latest_if_newer(self.version)
+    if newer is not None:
+      self.params, self.version = newer
+      self.stats.weight_updates += 1
+      if self.kv_on_update == "recompute":
+        self._recompute_kv()
 
   # ---- loop -------------------------------------------------------------------------------------
   def step(self) -> bool:
     """One iteration. Returns False when there is nothing left to do."""
-    newer = self.weights.latest_if_newer(self.version)
-    if newer is not None:
-      self.params, self.version = newer
+    self._sync_weights()
     self.waiting = False
     for i in range(len(self.slots)):
       while self.slots[i] is None and not self.exhausted and not self.waiting:
         if not self._admit(i):
           break
     if not any(s is not None for s in self.slots):
-      if self.waiting and not self.exhausted:
+      if not self.exhausted:  # gated source or admission control said wait: do not spin
         time.sleep(0.002)
         self.stats.idle_s += 0.002
       return not self.exhausted

@@ -1,0 +1,110 @@
+"""Run by tests/test_placement.py with 8 forced CPU devices: engine on 4, trainer on 4."""
+import dataclasses
+import json
+import sys
+import threading
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from sao_jax.models.transformer import ModelConfig, Transformer
+from sao_jax.rollout.engine import SAOEngine
+from sao_jax.rollout.placement import ReshardingWeightStore, replicated, split_devices
+from sao_jax.rollout.staleness import take_batch
+from sao_jax.rollout.sync import TrajectoryQueue
+from sao_jax.rollout.worker import RolloutWorker
+from sao_jax.train.loop import critic_from_policy
+from sao_jax.train.sao import SAOConfig, SAOTrainer
+
+CFG = ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
+                  d_ff=64, max_seq_len=48)
+
+
+class Tok:
+  pad_id, bos_id, eos_id = 0, 1, 2
+
+  def decode(self, ids):
+    return "".join(chr(97 + (i % 26)) for i in ids)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  observation_ids: list
+  done: bool
+  reward: float
+  info: dict
+
+
+class Env:
+  max_turns = 2
+
+  def prompt_ids(self, p):
+    return [1, 10 + p % 20, 11]
+
+  def step(self, p, turn, action_ids):
+    if turn == 0:
+      return Step([6, 7], False, 0.0, {})
+    return Step([], True, float(len(action_ids) % 3 == 0), {})
+
+
+def main():
+  assert len(jax.devices()) == 8
+  engine_mesh, train_mesh = split_devices(jax.devices(), 4)
+  graphdef, params = nnx.split(Transformer(CFG, rngs=nnx.Rngs(0)))
+  params = jax.device_put(nnx.to_pure_dict(params), replicated(train_mesh))
+  cg, cp = critic_from_policy(CFG, params, 1)
+  cp = jax.device_put(cp, replicated(train_mesh))
+  trainer = SAOTrainer(SAOConfig(policy_lr=1e-3, critic_lr=1e-3, batch_length=48), graphdef,
+                       params, cg, cp, pad_id=0)
+  store = ReshardingWeightStore(trainer.policy_params_copy(), 0, replicated(engine_mesh))
+  engine = SAOEngine(CFG, graphdef, Tok(), max_concurrent_decodes=8, max_prefill_length=16,
+                     mesh=engine_mesh)
+  gen_intervals = []
+  orig = engine.generate
+
+  def timed_generate(p, state, temperature=None):
+    t0 = time.time()
+    out = orig(p, state, temperature)
+    jax.block_until_ready(out[1].data)
+    gen_intervals.append((t0, time.time()))
+    return out
+
+  engine.generate = timed_generate
+  queue = TrajectoryQueue(4)
+  stop = threading.Event()
+  problems = iter(range(10**6))
+  worker = RolloutWorker(engine, Env(), problems, lambda t: queue.put(t, stop), store,
+                         stop_ids=(2, 5), max_new_tokens=8, max_seq_len=CFG.max_seq_len)
+  thread = worker.start_thread(stop)
+  train_intervals, versions_seen = [], set()
+  for step in range(1, 6):
+    trajs, _, _ = take_batch(queue, 8, step - 1)
+    for t in trajs:
+      versions_seen.update(t.policy_version[t.action_mask > 0].tolist())
+    t0 = time.time()
+    trainer.step(trajs, policy_version=step - 1)
+    jax.block_until_ready(trainer.policy.params)
+    train_intervals.append((t0, time.time()))
+    store.publish(trainer.policy_params_copy(), step)
+  stop.set()
+  thread.join(30)
+  overlap = sum(max(0.0, min(a1, b1) - max(a0, b0))
+                for a0, a1 in gen_intervals for b0, b1 in train_intervals)
+  gens_during_train = sum(any(b0 <= (a0 + a1) / 2 <= b1 for b0, b1 in train_intervals)
+                          for a0, a1 in gen_intervals)
+  engine_params, _ = store.latest()
+  leaf = jax.tree.leaves(engine_params)[0]
+  tleaf = jax.tree.leaves(trainer.policy.params)[0]
+  print(json.dumps({
+      "engine_devices": sorted(d.id for d in leaf.sharding.device_set),
+      "trainer_devices": sorted(d.id for d in tleaf.sharding.device_set),
+      "decode_state_devices": sorted(d.id for d in worker.state.lengths.sharding.device_set),
+      "overlap_s": overlap, "generate_steps_during_training": gens_during_train,
+      "generate_steps": len(gen_intervals), "versions_seen": sorted(versions_seen),
+      "engine_version": worker.version, "store_version": store.version, "worker_error": repr(worker.error)}))
+
+
+if __name__ == "__main__":
+  sys.exit(main())
