@@ -73,6 +73,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
 
   c.log = ml_collections.ConfigDict()
   c.log.tensorboard = True        # TensorBoard event files under run_dir/tb
+  c.log.progress = "auto"         # "auto" (bar on a terminal, plain lines otherwise), "bar", "lines", "off"
+  c.log.wandb_project = ""        # Weights & Biases project name ("" = off; needs `pip install wandb`)
 
   if variant == "smoke":
     c.task.n_train, c.task.n_eval = 64, 16

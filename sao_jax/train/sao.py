@@ -102,7 +102,8 @@ class SAOTrainer:
     return {k: float(v) for k, v in metrics.items()}
 
   def step(self, trajectories: Sequence[Trajectory], policy_version: int) -> dict:
-    """One SAO policy step. Returns float metrics (staleness against ``policy_version``)."""
+    """One SAO policy step. Returns float metrics (staleness against ``policy_version``) and
+    ``staleness_hist``: list of int, entry s = action tokens with staleness s."""
     batch = self.batch(trajectories)
     batch.update(self._adv(self.critic.params, batch))
     critic_metrics = self._critic_updates(batch, self.cfg.critic_updates_per_step)
@@ -116,6 +117,7 @@ class SAOTrainer:
                                                          batch["action_mask"])),
         staleness_mean=float(staleness.mean()) if staleness.size else 0.0,
         staleness_max=float(staleness.max()) if staleness.size else 0.0,
+        staleness_hist=np.bincount(np.maximum(staleness, 0)).tolist() if staleness.size else [],
         advantage_mean=float(adv.mean()) if adv.size else 0.0,
         advantage_std=float(adv.std()) if adv.size else 0.0,
         action_tokens=float(mask.sum()),
