@@ -216,6 +216,8 @@ def main(argv):
     raise app.UsageError("--top_p: only 1.0 is supported (the engine samples the full "
                          "distribution so that its log-probs are the ones DIS needs).")
   ks = [int(k) for k in FLAGS.k] if FLAGS.k else default_ks(FLAGS.n)
+  if FLAGS.n < 1 or any(not 1 <= k <= FLAGS.n for k in ks):
+    raise app.UsageError(f"--k={ks} and --n={FLAGS.n}: need n >= 1 and every k in [1, n].")
   from sao_jax import tasks  # pylint: disable=import-outside-toplevel
   from sao_jax.data import jsonl  # pylint: disable=import-outside-toplevel
   from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel

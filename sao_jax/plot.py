@@ -243,7 +243,11 @@ def dashboard(records: Sequence[dict], title: str = "", results: Optional[dict] 
   else:
     _empty(ax, "wait_s / train_s")
   ax.set(title="Time per policy step: rollout wait vs training", xlabel=step_label,
-         ylabel="wall time [s]")
+         ylabel="wall time [s] (step 1 includes jit compilation)")
+  ax.set_ylim(bottom=0)
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
+  for a in axes.flat:
+    a.xaxis.set_major_locator(MaxNLocator(integer=True))
 
   sup = "SAO run" + (f": {title}" if title else "")
   if results and "accuracy_after" in results:

@@ -27,7 +27,7 @@ from sao_jax.rollout.sync import TrajectoryQueue, WeightStore
 from sao_jax.rollout.worker import RolloutWorker, generate_trajectories
 from sao_jax.train import sft as sft_lib
 from sao_jax.train.checkpoint import Checkpointer, load_policy_params
-from sao_jax.train.metrics import MetricLogger
+from sao_jax.train.metrics import MetricLogger, require_wandb
 from sao_jax.train.progress import Progress
 from sao_jax.train.sao import SAOConfig, SAOTrainer
 from sao_jax import tasks
@@ -84,6 +84,8 @@ def run(config) -> dict[str, Any]:
                      "(or use the ':smoke' variant for a tiny random model).")
   run_dir = config.run_dir
   os.makedirs(run_dir, exist_ok=True)
+  if config.log.get("wandb_project", ""):
+    require_wandb()  # fail now, not after the warm-up
   task = tasks.make_task(config)
   mcfg = model_config(config, task.tokenizer.vocab_size)
   print(f"task {config.task.name}: {len(task.train_problems)} train / {len(task.eval_problems)} "

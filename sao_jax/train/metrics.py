@@ -12,6 +12,16 @@ import sys
 from typing import Any, Optional
 
 
+def require_wandb():
+  """The ``wandb`` module; raises ImportError saying how to install it or switch it off."""
+  try:
+    import wandb  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise ImportError("log.wandb_project is set but wandb is not installed: `pip install wandb` "
+                      "(and `wandb login`), or leave --config.log.wandb_project empty.") from e
+  return wandb
+
+
 class MetricLogger:
   """Writes one record per step to ``run_dir/metrics.jsonl`` and TensorBoard (tensorboardX),
   prints a short line for the keys in ``console_keys``, and on ``close`` writes
@@ -38,12 +48,7 @@ class MetricLogger:
         self._tb = None
     self._wandb = None
     if wandb_project:
-      try:
-        import wandb  # pylint: disable=import-outside-toplevel
-      except ImportError as e:
-        raise ImportError("log.wandb_project is set but wandb is not installed: `pip install "
-                          "wandb` (and `wandb login`), or leave --config.log.wandb_project "
-                          "empty.") from e
+      wandb = require_wandb()
       self._wandb = wandb.init(project=wandb_project, dir=run_dir, config=wandb_config or {},
                                name=os.path.basename(os.path.normpath(run_dir)))
 
