@@ -61,7 +61,7 @@ def last_run(records: Sequence[dict]) -> list[dict]:
     if _is_train(r) and "step" in r:
       if prev is not None and r["step"] < prev:
         start = i
-        while start > 0 and not _is_train(records[start - 1]):
+        while start > 0 and any(k.startswith("critic_warmup/") for k in records[start - 1]):
           start -= 1  # critic warm-up records of the new run belong to it
       prev = r["step"]
   return list(records[start:])
