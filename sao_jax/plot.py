@@ -157,18 +157,21 @@ def dashboard(records: Sequence[dict], title: str = "", results: Optional[dict] 
   ax = axes[0, 1]
   s, ev = series(train, "explained_variance")
   if s.size:
-    ax.plot(s, ev, color="tab:purple", lw=2, label="explained_variance")
-    ax.axhline(0.6, color="tab:purple", ls=":", lw=1.2, label="paper's critic (~0.6)")
+    handles = ax.plot(s, ev, color="tab:purple", lw=2.2, zorder=3, label="explained_variance")
+    handles.append(ax.axhline(0.6, color="tab:purple", ls=":", lw=1.2,
+                              label="paper's critic (~0.6)"))
     ax.axhline(0.0, color="0.3", lw=0.8)
     s_v, vl = series(train, "value_loss")
     if s_v.size:
       ax2 = ax.twinx()
-      ax2.plot(s_v, vl, color="tab:orange", lw=1.2, alpha=0.8, label="value_loss")
+      handles += ax2.plot(s_v, vl, color="tab:orange", lw=1.0, alpha=0.55,
+                          label="value_loss (right axis)")
       ax2.set_ylabel("value_loss [(V - R)^2, token mean]", color="tab:orange")
       ax2.tick_params(axis="y", colors="tab:orange")
       ax2.grid(False)
-      ax2.legend(loc="lower right")
-    ax.legend(loc="upper left")
+      ax.set_zorder(ax2.get_zorder() + 1)
+      ax.patch.set_visible(False)  # EV drawn above the value-loss curve
+    ax.legend(handles=handles, loc="upper right", framealpha=0.9)
   else:
     _empty(ax, "explained_variance")
   ax.set(title="Critic: explained variance (before its K updates)", xlabel=step_label,
@@ -183,8 +186,9 @@ def dashboard(records: Sequence[dict], title: str = "", results: Optional[dict] 
     s, m = series(train, key)
     if s.size:
       any_mask = True
-      ax.plot(s, 100 * m, color=color, lw=2 if key == "masked_fraction" else 1.3,
-              label=f"{lab} (mean {100 * m.mean():.2f}%)")
+      total = key == "masked_fraction"
+      ax.plot(s, 100 * m, color=color, lw=2.4 if total else 1.3, ls="--" if total else "-",
+              zorder=3 if total else 2, label=f"{lab} (mean {100 * m.mean():.2f}%)")
   if any_mask:
     ax.legend(loc="best")
   else:
@@ -239,12 +243,22 @@ def dashboard(records: Sequence[dict], title: str = "", results: Optional[dict] 
            label=f"waiting for rollouts (wait_s, total {wait.sum():.0f} s)")
     ax.bar(s_t, tr, bottom=wait, color="tab:blue", width=0.9,
            label=f"training (train_s, total {tr.sum():.0f} s)")
-    ax.legend(loc="best")
+    total = wait + tr
+    if total.size > 3:  # keep the steady state readable: clip outliers (jit compile) and label them
+      top = 1.3 * float(np.percentile(total[1:], 98))
+      if total.max() > top > 0:
+        ax.set_ylim(0, top)
+        for x, y in zip(s_w, total):
+          if y > top:
+            ax.annotate(f"step {x}: {y:.0f} s", (x, top), xytext=(6, -14),
+                        textcoords="offset points", fontsize=10, color="0.2")
+    ax.legend(loc="upper right")
   else:
     _empty(ax, "wait_s / train_s")
   ax.set(title="Time per policy step: rollout wait vs training", xlabel=step_label,
          ylabel="wall time [s] (step 1 includes jit compilation)")
-  ax.set_ylim(bottom=0)
+  if ax.get_ylim()[0] != 0:
+    ax.set_ylim(bottom=0)
   from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
   for a in axes.flat:
     a.xaxis.set_major_locator(MaxNLocator(integer=True))

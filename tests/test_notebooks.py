@@ -9,6 +9,8 @@ import os
 import nbformat
 from nbclient import NotebookClient
 
+from sao_jax.train import metric_defs
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -37,6 +39,10 @@ def test_quickstart_runs_in_quick_mode(tmp_path, monkeypatch):
   assert "Held-out evaluation" in text and "pass@2" in text
   records = [json.loads(l) for l in open(run_dir / "metrics.jsonl")]
   assert [r["step"] for r in records if "policy_loss" in r] == [1, 2, 3]
+  for key in {k for r in records for k in r} - {"step"}:
+    metric_defs.describe(key)  # every logged name is in the one vocabulary (raises if not)
+  hist = [r["staleness_hist"] for r in records if "policy_loss" in r]
+  assert [sum(h) for h in hist] == [r["action_tokens"] for r in records if "policy_loss" in r]
   assert (run_dir / "plots" / "dashboard.png").stat().st_size > 50_000
   images = [o for o in outputs if "image/png" in o.get("data", {})]
   assert len(images) >= 3  # GAE picture, four curves, dashboard
