@@ -71,8 +71,8 @@ def test_metric_logger_sends_numeric_metrics_to_wandb(tmp_path, monkeypatch):
   calls = []
 
   class _Run:
-    def log(self, data, step):
-      calls.append(("log", step, data))
+    def log(self, data):
+      calls.append(("log", data))
 
     def finish(self):
       calls.append(("finish",))
@@ -84,7 +84,7 @@ def test_metric_logger_sends_numeric_metrics_to_wandb(tmp_path, monkeypatch):
                      wandb_project="sao-test")
   log.log(1, {"reward_mean": 0.5, "staleness_hist": [3, 1]})
   log.close()
-  assert calls == [("init", "sao-test"), ("log", 1, {"reward_mean": 0.5}), ("finish",)]
+  assert calls == [("init", "sao-test"), ("log", {"step": 1, "reward_mean": 0.5}), ("finish",)]
   rec = json.loads((tmp_path / "metrics.jsonl").read_text())
   assert rec == {"step": 1, "reward_mean": 0.5, "staleness_hist": [3, 1]}
 

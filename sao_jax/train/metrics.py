@@ -64,8 +64,9 @@ class MetricLogger:
         if k != "step" and isinstance(v, float) and math.isfinite(v):
           self._tb.add_scalar(k, v, step)
     if self._wandb is not None:
-      self._wandb.log({k: v for k, v in rec.items() if k != "step" and isinstance(v, float)},
-                      step=step)
+      # W&B needs a monotonic step of its own (critic warm-up records restart at 0), so the
+      # record's step travels as the field "step" (choose it as the x-axis in the W&B UI).
+      self._wandb.log({k: v for k, v in rec.items() if isinstance(v, (int, float))})
     shown = [f"{k} {rec[k]:.4g}" for k in self.console_keys if isinstance(rec.get(k), float)]
     if shown:
       print(f"[{prefix or 'train'} {step:4d}] " + "  ".join(shown), file=self.stream, flush=True)
