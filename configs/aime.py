@@ -44,7 +44,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.critic_lr_warmup_steps = 10 # paper: critic "10-step warmup"
   c.train.critic_updates_per_step = 2 # paper: K = 2
   c.train.eps_low = 0.3               # paper, math / tool setting
-  c.train.eps_high = 5.0
+  c.train.eps_high = 5.0              # paper, math / tool setting
   c.eval.every_steps = 50
   c.eval.periodic_problems = 30
   c.checkpoint.every_steps = 50

@@ -72,7 +72,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.critic_warmup_steps = 0 # critic-only steps on rollouts before RL (pre-trained critic)
   c.train.freeze_critic_attention = True  # critic trains only MLP, norms, embeddings, value head
   c.train.eps_low = 0.3           # DIS band: keep tokens with 1-eps_low < ratio < 1+eps_high
-  c.train.eps_high = 5.0
+  c.train.eps_high = 5.0          # DIS band upper half-width (paper: 5.0 math/tool, 3.0 coding)
   c.train.gamma = 1.0             # discount
   c.train.lam_policy = "adaptive" # "adaptive" = 1 - 1/(lam_alpha * l), or a float
   c.train.lam_alpha = 1.5         # alpha of the length-adaptive lambda
@@ -101,6 +101,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
 
   c.log = ml_collections.ConfigDict()
   c.log.tensorboard = True        # TensorBoard event files under run_dir/tb
+  c.log.progress = "auto"         # "auto" (bar on a terminal, plain lines otherwise), "bar", "lines", "off"
+  c.log.wandb_project = ""        # Weights & Biases project name ("" = off; needs `pip install wandb`)
 
   if variant == "smoke":
     c.task.n_train, c.task.n_eval = 64, 16

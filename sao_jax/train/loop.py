@@ -34,7 +34,8 @@ from sao_jax.rollout.sync import TrajectoryQueue, WeightStore
 from sao_jax.rollout.worker import RolloutWorker, generate_trajectories
 from sao_jax.train import sft as sft_lib
 from sao_jax.train.checkpoint import Checkpointer, load_policy_params
-from sao_jax.train.metrics import MetricLogger
+from sao_jax.train.metrics import MetricLogger, require_wandb
+from sao_jax.train.progress import Progress
 from sao_jax.train import modes
 from sao_jax.train.sao import SAOConfig, SAOTrainer
 from sao_jax import tasks
@@ -118,6 +119,8 @@ def run(config) -> dict[str, Any]:
                      "(or use the ':smoke' variant for a tiny random model).")
   run_dir = config.run_dir
   os.makedirs(run_dir, exist_ok=True)
+  if config.log.get("wandb_project", ""):
+    require_wandb()  # fail now, not after the warm-up
   task = tasks.make_task(config)
   mcfg = model_config(config, task.tokenizer.vocab_size)
   print(f"task {config.task.name}: {len(task.train_problems)} train / {len(task.eval_problems)} "
@@ -166,7 +169,11 @@ def run(config) -> dict[str, Any]:
                       batch_length=config.model.max_seq_len, **mode_fields(tcfg))
   trainer = SAOTrainer(sao_cfg, policy_graphdef, policy_params, critic_graphdef, critic_params,
                        pad_id=task.tokenizer.pad_id)
-  logger = MetricLogger(run_dir, console_keys=CONSOLE_KEYS, tensorboard=config.log.tensorboard)
+  progress = Progress(tcfg.num_steps, desc="SAO steps", mode=config.log.get("progress", "auto"))
+  logger = MetricLogger(run_dir, console_keys=CONSOLE_KEYS, tensorboard=config.log.tensorboard,
+                        stream=progress.stream,
+                        wandb_project=config.log.get("wandb_project", "") or None,
+                        wandb_config=config.to_dict())
   ckpt = Checkpointer(os.path.join(run_dir, "checkpoints")) if config.checkpoint.every_steps else None
 
   # ---- asynchronous rollout ---------------------------------------------------------------------
@@ -253,10 +260,13 @@ def run(config) -> dict[str, Any]:
         metrics["eval_tool_use"] = ev["tool_use"]
       logger.log(step, metrics)
       history.append(metrics)
+      progress.update(reward=metrics["reward_mean"], staleness=metrics["staleness_mean"],
+                      rollouts=worker.stats.trajectories, tok_s=round(metrics["tokens_per_s"]))
       if ckpt and step % config.checkpoint.every_steps == 0:
         ckpt.save(step, {"policy": trainer.policy, "critic": trainer.critic,
                          "meta": {"policy_version": np.int64(version), "step": np.int64(step)}})
   finally:
+    progress.close()
     stop.set()
     thread.join(timeout=30)
 

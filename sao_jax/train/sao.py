@@ -173,7 +173,8 @@ class SAOTrainer:
 
   def step(self, trajectories: Sequence[Trajectory], policy_version: int) -> dict:
     """One policy step of the configured mode. Returns float metrics (staleness against
-    ``policy_version``)."""
+    ``policy_version``) and ``staleness_hist``: list of int, entry s = action tokens with
+    staleness s."""
     batch = self.batch(trajectories)
     critic_metrics = {}
     if self.spec.uses_critic:
@@ -195,6 +196,7 @@ class SAOTrainer:
     out.update(
         staleness_mean=float(staleness.mean()) if staleness.size else 0.0,
         staleness_max=float(staleness.max()) if staleness.size else 0.0,
+        staleness_hist=np.bincount(np.maximum(staleness, 0)).tolist() if staleness.size else [],
         advantage_mean=float(adv.mean()) if adv.size else 0.0,
         advantage_std=float(adv.std()) if adv.size else 0.0,
         action_tokens=float(mask.sum()),

@@ -1,0 +1,125 @@
+"""The metric vocabulary: every name a run writes, with its unit and meaning.
+
+One vocabulary for every mode and every sink (stdout, ``metrics.jsonl`` / ``metrics.csv``,
+TensorBoard, Weights & Biases). ``docs/metrics.md`` is generated from this table
+(``python -m sao_jax.docs_gen``) and ``sao_jax.plot`` takes its axis labels from it, so a
+metric is described in exactly one place. A test checks that every key a smoke run logs is
+listed here.
+
+Records may carry a prefix: ``critic_warmup/`` (critic-only steps before RL) and ``final/``
+(the held-out evaluation after the last step); the name after the prefix is from this table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+PREFIXES = ("critic_warmup/", "final/")
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricDef:
+  """One metric: ``unit`` (for axis labels), ``group`` (docs section), ``doc`` (one sentence)."""
+  unit: str
+  group: str
+  doc: str
+
+
+def _m(unit, group, doc):
+  return MetricDef(unit, group, doc)
+
+
+METRICS: dict[str, MetricDef] = {
+    # ---- outcome -------------------------------------------------------------------------------
+    "reward_mean": _m("reward", "outcome", "mean outcome reward of the batch's trajectories "
+                      "(1 = correct answer, 0 = wrong)"),
+    "eval_accuracy": _m("fraction", "outcome", "greedy pass@1 on the held-out problems (periodic "
+                        "eval on the first `eval.periodic_problems`; `final/` = all of them)"),
+    "eval_tool_use": _m("fraction", "outcome", "fraction of held-out trajectories that called "
+                        "the tool at least once"),
+    "tool_use": _m("fraction", "outcome", "fraction of the batch's trajectories that called the "
+                   "tool at least once"),
+    "response_tokens_mean": _m("tokens", "outcome", "mean action (policy-sampled) tokens per "
+                               "trajectory"),
+    "failed": _m("trajectories", "outcome", "trajectories in the batch whose environment or "
+                 "reward function raised (recorded with reward 0, see `info['error']`)"),
+    # ---- DIS (policy) --------------------------------------------------------------------------
+    "policy_loss": _m("loss", "DIS policy", "DIS surrogate loss, token mean over action tokens "
+                      "(Eq. 1-3)"),
+    "policy_grad_norm": _m("norm", "DIS policy", "global gradient norm of the policy before "
+                           "clipping"),
+    "masked_fraction": _m("fraction", "DIS policy", "action tokens whose ratio left the band "
+                          "(1-eps_low, 1+eps_high) and got no gradient (paper: ~0.006)"),
+    "masked_fraction_low": _m("fraction", "DIS policy", "action tokens masked because "
+                              "ratio <= 1-eps_low"),
+    "masked_fraction_high": _m("fraction", "DIS policy", "action tokens masked because "
+                               "ratio >= 1+eps_high"),
+    "ratio_mean": _m("ratio", "DIS policy", "mean importance ratio exp(logp - logp_rollout) over "
+                     "action tokens"),
+    "ratio_max": _m("ratio", "DIS policy", "largest importance ratio over action tokens"),
+    "abs_logp_diff_mean": _m("nats", "DIS policy", "mean |logp - logp_rollout| over action "
+                             "tokens (trainer vs engine mismatch plus staleness)"),
+    "approx_kl_k3": _m("nats", "DIS policy", "k3 estimate of KL(rollout || current), mean of "
+                       "(r - 1) - log r over action tokens"),
+    "advantage_mean": _m("advantage", "DIS policy", "mean advantage over action tokens"),
+    "advantage_std": _m("advantage", "DIS policy", "standard deviation of the advantages over "
+                        "action tokens"),
+    "action_tokens": _m("tokens", "DIS policy", "action tokens in the batch (the loss "
+                        "denominator)"),
+    # ---- critic --------------------------------------------------------------------------------
+    "value_loss": _m("loss", "critic", "(V - R)^2, token mean over action tokens, last of the K "
+                     "critic updates"),
+    "value_mean": _m("value", "critic", "mean critic value V over action tokens"),
+    "return_mean": _m("return", "critic", "mean lambda=1 return target R over action tokens"),
+    "value_clipped_fraction": _m("fraction", "critic", "action tokens where PPO-style value "
+                                 "clipping was active (0 unless clipping is on)"),
+    "critic_grad_norm": _m("norm", "critic", "global gradient norm of the critic before "
+                           "clipping (paper: 3-5 with frozen attention)"),
+    "explained_variance": _m("fraction", "critic", "1 - Var(R - V) / Var(R) over action tokens, "
+                             "before the critic updates (paper: ~0.6)"),
+    # ---- asynchrony ----------------------------------------------------------------------------
+    "policy_version": _m("version", "asynchrony", "policy version after this step (one per "
+                         "policy step)"),
+    "staleness_mean": _m("versions", "asynchrony", "mean over action tokens of (trainer version "
+                         "- version that sampled the token)"),
+    "staleness_max": _m("versions", "asynchrony", "largest token staleness in the batch"),
+    "staleness_hist": _m("tokens", "asynchrony", "list: entry s = action tokens with staleness "
+                         "s in the batch (JSONL only; plotted by sao_jax.plot)"),
+    "queue_size": _m("trajectories", "asynchrony", "trajectories waiting in the queue after the "
+                     "batch was taken"),
+    "queue_age_s": _m("s", "asynchrony", "mean time the batch's trajectories spent in the "
+                      "queue"),
+    # ---- throughput ----------------------------------------------------------------------------
+    "tokens_per_s": _m("tokens/s", "throughput", "tokens sampled by the rollout engine per "
+                       "second of wall time since the previous step"),
+    "wait_s": _m("s", "throughput", "time the trainer waited for the batch's rollouts"),
+    "train_s": _m("s", "throughput", "time of the SAO step itself (K critic updates + policy "
+                  "update + weight publish)"),
+    "rollout_generate_s": _m("s", "throughput", "cumulative engine time in generate() since the "
+                             "start"),
+    "rollout_prefill_s": _m("s", "throughput", "cumulative engine time in prefill() (prompts and "
+                            "observations) since the start"),
+    "elapsed_s": _m("s", "throughput", "wall time since the job started"),
+}
+
+
+def describe(name: str) -> MetricDef:
+  """The definition of ``name`` (prefixes in ``PREFIXES`` are stripped).
+
+  Raises KeyError naming the metric and pointing at this table when it is unknown."""
+  base = name
+  for p in PREFIXES:
+    if base.startswith(p):
+      base = base[len(p):]
+  if base not in METRICS:
+    raise KeyError(f"metric {name!r} is not in the vocabulary; add it to "
+                   "sao_jax/train/metric_defs.py:METRICS (and regenerate docs/metrics.md).")
+  return METRICS[base]
+
+
+def label(name: str) -> str:
+  """Axis label ``"name [unit]"`` for a metric (falls back to the bare name if unknown)."""
+  try:
+    return f"{name} [{describe(name).unit}]"
+  except KeyError:
+    return name
