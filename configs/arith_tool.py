@@ -78,7 +78,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.lam_alpha = 1.5         # alpha of the length-adaptive lambda
   c.train.max_grad_norm = 1.0     # global-norm gradient clipping
   c.train.ppo_eps_low = 0.2       # PPO-family clip band 1-ppo_eps_low .. 1+ppo_eps_high (clip-higher)
-  c.train.ppo_eps_high = 0.28
+  c.train.ppo_eps_high = 0.28      # upper PPO clip (DAPO clip-higher: 0.28 > ppo_eps_low)
   c.train.dual_clip = 0.0         # PPO dual-clip constant c > 1 for A < 0 (0 = off)
   c.train.tis_cap = 2.0           # objective=tis: weight min(pi_old / pi_rollout, tis_cap)
   c.train.icepop_low = 0.5        # objective=icepop: keep tokens with icepop_low <= pi_old/pi_rollout
