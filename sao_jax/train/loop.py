@@ -30,6 +30,7 @@ from sao_jax.train.checkpoint import Checkpointer, load_policy_params
 from sao_jax.train.metrics import MetricLogger
 from sao_jax.train.sao import SAOConfig, SAOTrainer
 from sao_jax import tasks
+from sao_jax.config_validation import validate_config
 
 CONSOLE_KEYS = ("reward_mean", "eval_accuracy", "masked_fraction", "ratio_max", "value_loss",
                 "explained_variance", "staleness_mean", "staleness_max", "tokens_per_s",
@@ -77,10 +78,7 @@ def _cycle(problems, seed):
 def run(config) -> dict[str, Any]:
   """Runs the whole job described by ``config``; returns a summary dict (also written to CSV)."""
   t_job = time.time()
-  if not config.model.checkpoint_dir and not config.get("allow_random_init", False):
-    raise ValueError("this config starts RL from a trained policy: set "
-                     "--config.model.checkpoint_dir=<sao_jax checkpoint folder> "
-                     "(or use the ':smoke' variant for a tiny random model).")
+  validate_config(config)  # [reliability] every bad field in one error, before any compilation
   run_dir = config.run_dir
   os.makedirs(run_dir, exist_ok=True)
   task = tasks.make_task(config)
