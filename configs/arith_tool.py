@@ -45,6 +45,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.max_new_tokens = 24   # per-turn cap on sampled tokens
   c.rollout.max_prefill_length = 64  # longest prompt / observation chunk
   c.rollout.queue_size = 64       # bounded trajectory queue (backpressure)
+  c.rollout.env_timeout_s = 30.0  # env.step wall-clock limit; over it the trajectory is failed
+  c.rollout.lockstep = False      # True: deterministic synchronous rollout (bit-exact resume)
 
   c.train = ml_collections.ConfigDict()
   c.train.mode = "sao"            # training mode (only "sao" in this version)
@@ -62,6 +64,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.lam_policy = "adaptive" # "adaptive" = 1 - 1/(lam_alpha * l), or a float
   c.train.lam_alpha = 1.5         # alpha of the length-adaptive lambda
   c.train.max_grad_norm = 1.0     # global-norm gradient clipping
+  c.train.max_consecutive_nonfinite = 3  # NaN/inf steps are skipped; stop after this many in a row
 
   c.eval = ml_collections.ConfigDict()
   c.eval.slots = 64               # decode slots for greedy evaluation
@@ -70,6 +73,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 50   # orbax checkpoint period (0 = never); always one at the end
+  c.checkpoint.max_to_keep = 2    # newest complete checkpoints kept
+  c.checkpoint.resume = True      # continue from the latest complete checkpoint in run_dir
 
   c.log = ml_collections.ConfigDict()
   c.log.tensorboard = True        # TensorBoard event files under run_dir/tb

@@ -31,6 +31,8 @@ from sao_jax.train.metrics import MetricLogger
 from sao_jax.train.sao import SAOConfig, SAOTrainer
 from sao_jax import tasks
 from sao_jax.config_validation import validate_config
+from sao_jax.envs.guard import GuardedEnv
+from sao_jax.train import resume as resume_lib
 
 CONSOLE_KEYS = ("reward_mean", "eval_accuracy", "masked_fraction", "ratio_max", "value_loss",
                 "explained_variance", "staleness_mean", "staleness_max", "tokens_per_s",
@@ -82,6 +84,15 @@ def run(config) -> dict[str, Any]:
   run_dir = config.run_dir
   os.makedirs(run_dir, exist_ok=True)
   task = tasks.make_task(config)
+  # [reliability] resume from the latest complete checkpoint of run_dir (train/resume.py)
+  ckpt_dir = os.path.join(run_dir, "checkpoints")
+  resume_step = (resume_lib.resume_point(ckpt_dir) if config.checkpoint.get("resume", True)
+                 else None)
+  if resume_step is not None:
+    print(f"resuming from {ckpt_dir} step {resume_step}", flush=True)
+  else:  # a fresh start: records of an earlier run that never committed a checkpoint go
+    for name in ("metrics.jsonl", "ledger.jsonl"):
+      resume_lib.truncate_jsonl(os.path.join(run_dir, name), -1)
   mcfg = model_config(config, task.tokenizer.vocab_size)
   print(f"task {config.task.name}: {len(task.train_problems)} train / {len(task.eval_problems)} "
         f"eval problems; model {mcfg}", flush=True)
@@ -93,7 +104,7 @@ def run(config) -> dict[str, Any]:
   if config.model.checkpoint_dir:
     policy_params = load_policy_params(config.model.checkpoint_dir, policy_params)
     print(f"policy loaded from {config.model.checkpoint_dir}", flush=True)
-  elif task.sft_demos and config.sft.steps > 0:
+  elif task.sft_demos and config.sft.steps > 0 and resume_step is None:
     t0 = time.time()
     policy_params, loss = sft_lib.train_sft(
         policy_graphdef, policy_params, task.sft_demos, pad_id=task.tokenizer.pad_id,
@@ -113,9 +124,11 @@ def run(config) -> dict[str, Any]:
                           temperature=0.0, seed=config.seed)
 
   t0 = time.time()
-  before = evaluate(eval_engine, task, policy_params, task.eval_problems, config)
-  print(f"eval before SAO: accuracy {before['accuracy']:.3f} tool_use {before['tool_use']:.3f} "
-        f"on {before['n']} problems ({time.time() - t0:.1f}s)", flush=True)
+  before = (evaluate(eval_engine, task, policy_params, task.eval_problems, config)
+            if resume_step is None else None)
+  if before is not None:
+    print(f"eval before SAO: accuracy {before['accuracy']:.3f} tool_use {before['tool_use']:.3f} "
+          f"on {before['n']} problems ({time.time() - t0:.1f}s)", flush=True)
 
   tcfg = config.train
   sao_cfg = SAOConfig(eps_low=tcfg.eps_low, eps_high=tcfg.eps_high, gamma=tcfg.gamma,
@@ -130,23 +143,60 @@ def run(config) -> dict[str, Any]:
   trainer = SAOTrainer(sao_cfg, policy_graphdef, policy_params, critic_graphdef, critic_params,
                        pad_id=task.tokenizer.pad_id)
   logger = MetricLogger(run_dir, console_keys=CONSOLE_KEYS, tensorboard=config.log.tensorboard)
-  ckpt = Checkpointer(os.path.join(run_dir, "checkpoints")) if config.checkpoint.every_steps else None
+  ckpt = (Checkpointer(ckpt_dir, max_to_keep=config.checkpoint.get("max_to_keep", 2))
+          if config.checkpoint.every_steps or resume_step is not None else None)
+  ledger = resume_lib.PromptLedger(task.train_problems, config.seed)
+  guard = resume_lib.NonFiniteGuard(config.train.get("max_consecutive_nonfinite", 3))
+  start_step, version = 0, 0
+  if resume_step is not None:  # [reliability] restore trainer, counters, data cursor
+    meta = ckpt.meta(resume_step)
+    restored = ckpt.restore({"policy": trainer.policy, "critic": trainer.critic,
+                             "meta": {"policy_version": np.zeros((), np.int64),
+                                      "step": np.zeros((), np.int64)}},
+                            resume_step)
+    trainer.policy, trainer.critic = restored["policy"], restored["critic"]
+    start_step, version = int(meta["step"]), int(meta["policy_version"])
+    ledger = resume_lib.PromptLedger.from_state(task.train_problems, meta["ledger"])
+    guard.total = int(meta.get("nonfinite_total", 0))
+    before = meta["before"]
+    for name in ("metrics.jsonl", "ledger.jsonl"):
+      resume_lib.truncate_jsonl(os.path.join(run_dir, name), start_step)
+    engine.reseed(resume_lib.step_seed(config.seed, start_step))
+
+  def resume_meta(step):
+    return {"step": step, "policy_version": version, "seed": config.seed,
+            "ledger": ledger.state(), "nonfinite_total": guard.total,
+            "before": {k: before[k] for k in ("accuracy", "tool_use", "n")}}
 
   # ---- asynchronous rollout ---------------------------------------------------------------------
-  weights = WeightStore(trainer.policy_params_copy(), version=0)
   traj_queue = TrajectoryQueue(config.rollout.queue_size)
   stop = threading.Event()
-  worker = RolloutWorker(engine, task.env, _cycle(task.train_problems, config.seed),
+  env = GuardedEnv(task.env, timeout_s=config.rollout.get("env_timeout_s", 30.0),
+                   fault_rate=float(os.environ.get("SAO_FAULT_ENV_RATE", "0")), seed=config.seed)
+  weights = WeightStore(trainer.policy_params_copy(), version=version)
+  lockstep = config.rollout.get("lockstep", False)
+  worker = RolloutWorker(engine, env, ledger.iterator(),
                          lambda t: traj_queue.put(t, stop), weights, stop_ids=task.stop_ids,
                          max_new_tokens=config.rollout.max_new_tokens,
-                         max_seq_len=config.model.max_seq_len, seed=config.seed)
-  thread = worker.start_thread(stop)
-  version = 0
+                         max_seq_len=config.model.max_seq_len,
+                         seed=resume_lib.step_seed(config.seed, start_step) if start_step
+                         else config.seed)
+  thread = None if lockstep else worker.start_thread(stop)
 
-  def take(n: int):
+  def take(n: int, step: int = 0):
     out, waited, ages = [], 0.0, []
     t0 = time.perf_counter()
+    if lockstep:  # [reliability] deterministic rollout, see train/resume.py
+      resume_lib.maybe_kill("rollout", step)
+      out = resume_lib.lockstep_batch(
+          engine, env, trainer.policy_params_copy(), ledger, n, step=step, seed=config.seed,
+          version=version, stop_ids=task.stop_ids, max_new_tokens=config.rollout.max_new_tokens,
+          max_seq_len=config.model.max_seq_len, temperature=config.rollout.temperature)
+      ages = [0.0]
+      worker.stats.trajectories += len(out)
     while len(out) < n:
+      if len(out) == n // 2:
+        resume_lib.maybe_kill("rollout", step)
       try:
         traj, age = traj_queue.get(timeout=1.0)
       except queue_lib.Empty:
@@ -156,20 +206,24 @@ def run(config) -> dict[str, Any]:
         continue
       out.append(traj)
       ages.append(age)
+    positions = ledger.consume([t.problem_id for t in out])  # [reliability] ledger
+    resume_lib.append_ledger(run_dir, step, out, positions)
     waited = time.perf_counter() - t0
     return out, waited, float(np.mean(ages))
 
   history = []
   try:
-    for i in range(tcfg.critic_warmup_steps):
+    for i in range(tcfg.critic_warmup_steps if resume_step is None else 0):
       trajs, _, _ = take(tcfg.batch_size)
       m = trainer.critic_only_step(trajs)
       logger.log(i, m, prefix="critic_warmup/")
     last_tokens, last_time = worker.stats.tokens_sampled, time.time()
-    for step in range(1, tcfg.num_steps + 1):
-      trajs, wait_s, queue_age = take(tcfg.batch_size)
+    for step in range(start_step + 1, tcfg.num_steps + 1):
+      trajs, wait_s, queue_age = take(tcfg.batch_size, step)
       t0 = time.perf_counter()
       metrics = trainer.step(trajs, policy_version=version)
+      resume_lib.maybe_kill("train", step)
+      metrics["nonfinite_skipped"] = float(guard.check(step, metrics))  # raises after N in a row
       version += 1
       weights.publish(trainer.policy_params_copy(), version)
       train_s = time.perf_counter() - t0
@@ -179,6 +233,7 @@ def run(config) -> dict[str, Any]:
           response_tokens_mean=float(np.mean([t.num_action_tokens for t in trajs])),
           tool_use=float(np.mean([t.info.get("tool_calls", 0) > 0 for t in trajs])),
           failed=float(sum(bool(t.info.get("failed")) for t in trajs)),
+          env_errors_total=float(worker.stats.env_errors), nonfinite_total=float(guard.total),
           tokens_per_s=(tokens - last_tokens) / max(now - last_time, 1e-9),
           wait_s=wait_s, train_s=train_s, queue_age_s=queue_age, queue_size=traj_queue.qsize(),
           rollout_generate_s=worker.stats.generate_s, rollout_prefill_s=worker.stats.prefill_s,
@@ -191,17 +246,22 @@ def run(config) -> dict[str, Any]:
         metrics["eval_tool_use"] = ev["tool_use"]
       logger.log(step, metrics)
       history.append(metrics)
-      if ckpt and step % config.checkpoint.every_steps == 0:
+      if ckpt and config.checkpoint.every_steps and step % config.checkpoint.every_steps == 0:
         ckpt.save(step, {"policy": trainer.policy, "critic": trainer.critic,
-                         "meta": {"policy_version": np.int64(version), "step": np.int64(step)}})
+                         "meta": {"policy_version": np.int64(version), "step": np.int64(step)}},
+                  meta=resume_meta(step))
+        resume_lib.maybe_kill("checkpoint", step)
   finally:
     stop.set()
-    thread.join(timeout=30)
+    if thread is not None:
+      thread.join(timeout=30)
 
   if ckpt:
-    ckpt.save(tcfg.num_steps, {"policy": trainer.policy, "critic": trainer.critic,
-                               "meta": {"policy_version": np.int64(version),
-                                        "step": np.int64(tcfg.num_steps)}})
+    if ckpt.latest_step() != tcfg.num_steps:
+      ckpt.save(tcfg.num_steps, {"policy": trainer.policy, "critic": trainer.critic,
+                                 "meta": {"policy_version": np.int64(version),
+                                          "step": np.int64(tcfg.num_steps)}},
+                meta=resume_meta(tcfg.num_steps))
     ckpt.close()
 
   t0 = time.time()
@@ -217,6 +277,7 @@ def run(config) -> dict[str, Any]:
       "tool_use_before": before["tool_use"], "tool_use_after": after["tool_use"],
       "eval_problems": after["n"], "policy_steps": tcfg.num_steps,
       "trajectories_consumed": tcfg.batch_size * (tcfg.num_steps + tcfg.critic_warmup_steps),
+      "env_errors": worker.stats.env_errors, "nonfinite_skipped": guard.total,
       "trajectories_generated": worker.stats.trajectories,
       "staleness_max": staleness_max,
       "steps_with_stale_tokens": int(sum(h["staleness_max"] > 0 for h in history)),
