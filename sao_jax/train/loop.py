@@ -90,9 +90,10 @@ def run(config) -> dict[str, Any]:
                  else None)
   if resume_step is not None:
     print(f"resuming from {ckpt_dir} step {resume_step}", flush=True)
-  else:  # a fresh start: records of an earlier run that never committed a checkpoint go
-    for name in ("metrics.jsonl", "ledger.jsonl"):
-      resume_lib.truncate_jsonl(os.path.join(run_dir, name), -1)
+  # records of steps after the checkpoint (all, on a fresh start) are dropped and redone
+  for name in ("metrics.jsonl", "ledger.jsonl"):
+    resume_lib.truncate_jsonl(os.path.join(run_dir, name),
+                              -1 if resume_step is None else resume_step)
   mcfg = model_config(config, task.tokenizer.vocab_size)
   print(f"task {config.task.name}: {len(task.train_problems)} train / {len(task.eval_problems)} "
         f"eval problems; model {mcfg}", flush=True)
@@ -159,8 +160,6 @@ def run(config) -> dict[str, Any]:
     ledger = resume_lib.PromptLedger.from_state(task.train_problems, meta["ledger"])
     guard.total = int(meta.get("nonfinite_total", 0))
     before = meta["before"]
-    for name in ("metrics.jsonl", "ledger.jsonl"):
-      resume_lib.truncate_jsonl(os.path.join(run_dir, name), start_step)
     engine.reseed(resume_lib.step_seed(config.seed, start_step))
 
   def resume_meta(step):
