@@ -20,15 +20,19 @@ ARGS = ["--config=configs/arith_tool.py:smoke", "--config.sft.steps=0", "--confi
         "--config.log.tensorboard=False"]
 
 
-def _run(run_dir, kill=None, cache=None):
+def _run(run_dir, kill=None, cache=None, background=False):
   env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(cache),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   env.pop("SAO_FAULT_KILL", None)
   if kill:
     env["SAO_FAULT_KILL"] = kill
-  return subprocess.run([sys.executable, "-m", "sao_jax.main", *ARGS, f"--config.run_dir={run_dir}"],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+  cmd = [sys.executable, "-m", "sao_jax.main", *ARGS, f"--config.run_dir={run_dir}"]
+  if background:
+    log = open(os.path.join(str(run_dir), "stderr.log"), "w")  # a file: a pipe could fill up
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log)
+  return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                        check=False)
 
 
 def _jsonl(path):
@@ -48,8 +52,7 @@ def _final_state(run_dir):
 def runs(tmp_path_factory):
   cache = tmp_path_factory.mktemp("jaxcache")
   ref = tmp_path_factory.mktemp("uninterrupted")
-  proc = _run(ref, cache=cache)
-  assert proc.returncode == 0, proc.stderr[-3000:]
+  ref_proc = _run(ref, cache=cache, background=True)  # runs alongside the crash chain
   crashed = tmp_path_factory.mktemp("crashed")
   log = []
   for kill in ("rollout:2", "train:3", "checkpoint:4", None):
@@ -62,6 +65,8 @@ def runs(tmp_path_factory):
       assert f"fault injection: SIGKILL at {kill.replace(':', ' of step ')}" in out
     else:
       assert proc.returncode == 0, out[-3000:]
+  ref_proc.wait(timeout=600)
+  assert ref_proc.returncode == 0, open(ref / "stderr.log").read()[-3000:]
   return ref, crashed, log
 
 
