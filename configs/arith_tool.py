@@ -52,6 +52,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.staleness_policy = "none"  # "none" | "admission" | "drop" | "admission+drop"
   c.rollout.max_staleness = 4     # eta: bound on policy_version lag under a staleness policy
   c.rollout.serve_slots = 8       # decode slots of a host's JetStream (Decode API) engine
+  c.rollout.env_timeout_s = 30.0  # env.step wall-clock limit; over it the trajectory is failed
+  c.rollout.lockstep = False      # True: deterministic synchronous rollout (bit-exact resume)
 
   c.train = ml_collections.ConfigDict()
   c.train.mode = "sao"            # sao | vapo | grpo_async | grpo_sync (sao_jax/train/modes.py)
@@ -90,6 +92,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.baseline_window = 8     # running_mean_prompt: last N rewards of the same prompt (paper 8)
   c.train.global_baseline_window = 128  # running_mean_global: last N rewards overall (paper 128)
   c.train.bootstrap_truncated = False  # truncated trajectories bootstrap from V(last state), not 0
+  c.train.max_consecutive_nonfinite = 3  # NaN/inf steps are skipped; stop after this many in a row
 
   c.eval = ml_collections.ConfigDict()
   c.eval.slots = 64               # decode slots for greedy evaluation
@@ -98,6 +101,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 50   # orbax checkpoint period (0 = never); always one at the end
+  c.checkpoint.max_to_keep = 2    # newest complete checkpoints kept
+  c.checkpoint.resume = True      # continue from the latest complete checkpoint in run_dir
 
   c.log = ml_collections.ConfigDict()
   c.log.tensorboard = True        # TensorBoard event files under run_dir/tb

@@ -39,7 +39,8 @@ def make_task(config) -> Task:
     from sao_jax.envs.math_env import MathEnv  # pylint: disable=import-outside-toplevel
     problems = jsonl.load_math_problems(jsonl.packaged_path(config.task.train_file)
                                         if "/" not in config.task.train_file
-                                        else config.task.train_file)
+                                        else config.task.train_file,
+                                        blank_lines="error")
     rng = np.random.default_rng(config.seed)
     order = rng.permutation(len(problems))
     problems = [problems[i] for i in order]

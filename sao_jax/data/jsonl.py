@@ -35,24 +35,32 @@ class Problem:
 def read_jsonl(
     path: str | os.PathLike,
     required: Sequence[str] = ("id", "problem", "answer"),
+    blank_lines: str = "skip",
 ) -> list[dict[str, Any]]:
     """Read a JSONL file into a list of dicts.
 
     Raises ``ValueError("<path>:<line>: ...")`` for: bytes that are not valid
     UTF-8, invalid JSON, a line that is not a JSON object, and a missing
-    required field.  A missing file raises ``FileNotFoundError``.
+    required field; with ``blank_lines="error"`` also for an empty line (the
+    newline that ends the last line is not an empty line).  A missing file
+    raises ``FileNotFoundError``.
     """
-    return [row for _, row in _read_jsonl_numbered(Path(path), required)]
+    return [row for _, row in _read_jsonl_numbered(Path(path), required, blank_lines)]
 
 
 def _read_jsonl_numbered(
-    path: Path, required: Sequence[str]
+    path: Path, required: Sequence[str], blank_lines: str = "skip"
 ) -> list[tuple[int, dict[str, Any]]]:
+    if blank_lines not in ("skip", "error"):
+        raise ValueError(f"blank_lines must be 'skip' or 'error', got {blank_lines!r}")
     data = path.read_bytes()
     if data.startswith(b"\xef\xbb\xbf"):  # tolerate a UTF-8 byte-order mark
         data = data[3:]
     rows: list[tuple[int, dict[str, Any]]] = []
-    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # the final newline
+    for lineno, raw in enumerate(lines, start=1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -60,6 +68,8 @@ def _read_jsonl_numbered(
                 f"{path}:{lineno}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
             ) from None
         if not line.strip():
+            if blank_lines == "error":
+                raise ValueError(f"{path}:{lineno}: empty line; remove it (one JSON object per line)")
             continue
         try:
             obj = json.loads(line)
@@ -86,14 +96,16 @@ def _as_text(value: Any, path: Path, lineno: int, field: str) -> str:
     return str(value)
 
 
-def load_math_problems(path: str | os.PathLike) -> list[Problem]:
+def load_math_problems(path: str | os.PathLike, blank_lines: str = "skip") -> list[Problem]:
     """Load a ``{"id", "problem", "answer"}`` JSONL file as ``Problem`` objects.
 
-    Integer ``id``/``answer`` values are converted to strings.  Duplicate ids
-    and non-string fields raise ``ValueError`` with file and line number.
+    Integer ``id``/``answer`` values are converted to strings.  Duplicate ids,
+    non-string fields and empty ``id``/``problem``/``answer`` raise
+    ``ValueError`` with file and line number (``blank_lines`` as in
+    ``read_jsonl``).
     """
     path = Path(path)
-    rows = _read_jsonl_numbered(path, ("id", "problem", "answer"))
+    rows = _read_jsonl_numbered(path, ("id", "problem", "answer"), blank_lines)
     problems: list[Problem] = []
     seen: dict[str, int] = {}
     for lineno, row in rows:
@@ -103,6 +115,9 @@ def load_math_problems(path: str | os.PathLike) -> list[Problem]:
                 f"{path}:{lineno}: field 'problem' must be a string, got {type(row['problem']).__name__}"
             )
         answer = _as_text(row["answer"], path, lineno, "answer").strip()
+        for field, value in (("id", pid), ("problem", row["problem"]), ("answer", answer)):
+            if not value.strip():
+                raise ValueError(f"{path}:{lineno}: field {field!r} is empty; give it a value")
         if pid in seen:
             raise ValueError(f"{path}:{lineno}: duplicate id {pid!r} (first on line {seen[pid]})")
         seen[pid] = lineno

@@ -184,6 +184,12 @@ class SAOEngine(engine_api.Engine):
     return Prefix(cache=cache, length=state.lengths[slot], token=state.tokens[slot],
                   logprob=state.logprobs[slot])
 
+  def reseed(self, seed: int) -> None:
+    """Restarts the engine's sampling key stream at ``seed`` (deterministic / resumed rollout)."""
+    with self._lock:
+      self._base_key = jax.random.key(seed)
+      self._counter = itertools.count()
+
   def _next_key(self):
     with self._lock:
       return jax.random.fold_in(self._base_key, next(self._counter))

@@ -3,34 +3,92 @@
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any, Optional
 
 import jax
 import orbax.checkpoint as ocp
 
 
+class CheckpointError(RuntimeError):
+  """A checkpoint could not be written; the previous complete checkpoint is intact."""
+
+
+def _dir_bytes(path: str) -> int:
+  total = 0
+  for root, _, files in os.walk(path):
+    for f in files:
+      try:
+        total += os.path.getsize(os.path.join(root, f))
+      except OSError:
+        pass
+  return total
+
+
 class Checkpointer:
   """``save(step, state)`` every call (the caller decides when); keeps the newest ``max_to_keep``.
 
-  ``state`` is a pytree (e.g. ``{"policy": TrainState, "critic": TrainState, "meta": {...}}``).
-  ``restore(target)`` returns the latest complete checkpoint shaped like ``target`` or None.
-  Orbax writes to a temporary folder and renames it when complete, so a half-written checkpoint
-  is never picked up.
+  ``state`` is a pytree (e.g. ``{"policy": TrainState, "critic": TrainState, "meta": {...}}``);
+  ``meta`` (JSON: counters, the prompt ledger's cursor ...) is stored as the step's orbax custom
+  metadata, committed together with the arrays. ``restore(target)`` returns the latest complete
+  checkpoint shaped like ``target`` or None. Orbax writes to a temporary folder and renames it
+  when complete, so a half-written checkpoint is never picked up.
+
+  Saves are asynchronous (orbax). Before a save, free space is checked against the size of the
+  last checkpoint (x ``space_margin``); a save that cannot fit, or that fails while writing,
+  raises ``CheckpointError`` naming the folder and the free space -- the previous checkpoint
+  stays complete and restorable.
   """
 
-  def __init__(self, directory: str, max_to_keep: int = 2):
+  def __init__(self, directory: str, max_to_keep: int = 2, space_margin: float = 1.2):
     self.directory = os.path.abspath(directory)
+    self.space_margin = space_margin
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True))
 
-  def save(self, step: int, state: Any) -> None:
-    self.manager.save(step, args=ocp.args.StandardSave(state))
+  def _raise_disk(self, step: int, cause: Optional[BaseException], need: int = 0):
+    free = shutil.disk_usage(self.directory).free
+    prev = self.manager.latest_step()
+    raise CheckpointError(
+        f"checkpoint step {step} could not be written to {self.directory}: "
+        f"{cause or 'not enough free space'} ({free / 2**20:.1f} MiB free"
+        + (f", about {need / 2**20:.1f} MiB needed" if need else "") + "). "
+        + (f"The previous checkpoint (step {prev}) is intact; " if prev is not None else "")
+        + "free disk space or point run_dir at a larger disk, then resume.") from cause
+
+  def save(self, step: int, state: Any, meta: Optional[dict] = None) -> None:
+    """Starts an asynchronous save of ``state`` (+ JSON ``meta``) as ``step``.
+
+    Raises CheckpointError if the disk cannot hold it or the previous save failed."""
+    try:
+      self.manager.wait_until_finished()  # surfaces a failure of the previous async save
+    except OSError as e:
+      self._raise_disk(step, e)
+    prev = self.manager.latest_step()
+    if prev is not None:
+      need = int(_dir_bytes(os.path.join(self.directory, str(prev))) * self.space_margin)
+      if shutil.disk_usage(self.directory).free < need:
+        self._raise_disk(step, None, need)
+    try:
+      self.manager.save(step, args=ocp.args.StandardSave(state), custom_metadata=meta or {})
+    except OSError as e:
+      self._raise_disk(step, e)
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    try:
+      self.manager.wait_until_finished()
+    except OSError as e:
+      self._raise_disk(-1, e)
 
   def latest_step(self) -> Optional[int]:
     return self.manager.latest_step()
+
+  def meta(self, step: Optional[int] = None) -> dict:
+    """The JSON ``meta`` saved with ``step`` (default: latest); {} if none."""
+    step = self.manager.latest_step() if step is None else step
+    if step is None:
+      return {}
+    return dict(self.manager.metadata(step).custom_metadata or {})
 
   def restore(self, target: Any, step: Optional[int] = None) -> Optional[Any]:
     step = self.manager.latest_step() if step is None else step
@@ -39,7 +97,7 @@ class Checkpointer:
     return self.manager.restore(step, args=ocp.args.StandardRestore(target))
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
+    self.wait()
     self.manager.close()
 
 

@@ -39,6 +39,9 @@ from sao_jax.train.progress import Progress
 from sao_jax.train import modes
 from sao_jax.train.sao import SAOConfig, SAOTrainer
 from sao_jax import tasks
+from sao_jax.config_validation import validate_config
+from sao_jax.envs.guard import GuardedEnv
+from sao_jax.train import resume as resume_lib
 
 CONSOLE_KEYS = ("reward_mean", "eval_accuracy", "masked_fraction", "ratio_max", "value_loss",
                 "explained_variance", "staleness_mean", "staleness_max", "tokens_per_s",
@@ -113,15 +116,22 @@ def _cycle(problems, seed):
 def run(config) -> dict[str, Any]:
   """Runs the whole job described by ``config``; returns a summary dict (also written to CSV)."""
   t_job = time.time()
-  if not config.model.checkpoint_dir and not config.get("allow_random_init", False):
-    raise ValueError("this config starts RL from a trained policy: set "
-                     "--config.model.checkpoint_dir=<sao_jax checkpoint folder> "
-                     "(or use the ':smoke' variant for a tiny random model).")
+  validate_config(config)  # [reliability] every bad field in one error, before any compilation
   run_dir = config.run_dir
   os.makedirs(run_dir, exist_ok=True)
   if config.log.get("wandb_project", ""):
     require_wandb()  # fail now, not after the warm-up
   task = tasks.make_task(config)
+  # [reliability] resume from the latest complete checkpoint of run_dir (train/resume.py)
+  ckpt_dir = os.path.join(run_dir, "checkpoints")
+  resume_step = (resume_lib.resume_point(ckpt_dir) if config.checkpoint.get("resume", True)
+                 else None)
+  if resume_step is not None:
+    print(f"resuming from {ckpt_dir} step {resume_step}", flush=True)
+  # records of steps after the checkpoint (all, on a fresh start) are dropped and redone
+  for name in ("metrics.jsonl", "ledger.jsonl"):
+    resume_lib.truncate_jsonl(os.path.join(run_dir, name),
+                              -1 if resume_step is None else resume_step)
   mcfg = model_config(config, task.tokenizer.vocab_size)
   print(f"task {config.task.name}: {len(task.train_problems)} train / {len(task.eval_problems)} "
         f"eval problems; model {mcfg}", flush=True)
@@ -133,7 +143,7 @@ def run(config) -> dict[str, Any]:
   if config.model.checkpoint_dir:
     policy_params = load_policy_params(config.model.checkpoint_dir, policy_params)
     print(f"policy loaded from {config.model.checkpoint_dir}", flush=True)
-  elif task.sft_demos and config.sft.steps > 0:
+  elif task.sft_demos and config.sft.steps > 0 and resume_step is None:
     t0 = time.time()
     policy_params, loss = sft_lib.train_sft(
         policy_graphdef, policy_params, task.sft_demos, pad_id=task.tokenizer.pad_id,
@@ -153,9 +163,11 @@ def run(config) -> dict[str, Any]:
                           temperature=0.0, seed=config.seed)
 
   t0 = time.time()
-  before = evaluate(eval_engine, task, policy_params, task.eval_problems, config)
-  print(f"eval before SAO: accuracy {before['accuracy']:.3f} tool_use {before['tool_use']:.3f} "
-        f"on {before['n']} problems ({time.time() - t0:.1f}s)", flush=True)
+  before = (evaluate(eval_engine, task, policy_params, task.eval_problems, config)
+            if resume_step is None else None)
+  if before is not None:
+    print(f"eval before SAO: accuracy {before['accuracy']:.3f} tool_use {before['tool_use']:.3f} "
+          f"on {before['n']} problems ({time.time() - t0:.1f}s)", flush=True)
 
   tcfg = config.train
   sao_cfg = SAOConfig(eps_low=tcfg.eps_low, eps_high=tcfg.eps_high, gamma=tcfg.gamma,
@@ -174,14 +186,41 @@ def run(config) -> dict[str, Any]:
                         stream=progress.stream,
                         wandb_project=config.log.get("wandb_project", "") or None,
                         wandb_config=config.to_dict())
-  ckpt = Checkpointer(os.path.join(run_dir, "checkpoints")) if config.checkpoint.every_steps else None
+  ckpt = (Checkpointer(ckpt_dir, max_to_keep=config.checkpoint.get("max_to_keep", 2))
+          if config.checkpoint.every_steps or resume_step is not None else None)
+  ledger = resume_lib.PromptLedger(task.train_problems, config.seed)
+  guard = resume_lib.NonFiniteGuard(config.train.get("max_consecutive_nonfinite", 3))
+  start_step, version = 0, 0
+  if resume_step is not None:  # [reliability] restore trainer, counters, data cursor
+    meta = ckpt.meta(resume_step)
+    restored = ckpt.restore({"policy": trainer.policy, "critic": trainer.critic,
+                             "meta": {"policy_version": np.zeros((), np.int64),
+                                      "step": np.zeros((), np.int64)}},
+                            resume_step)
+    trainer.policy, trainer.critic = restored["policy"], restored["critic"]
+    start_step, version = int(meta["step"]), int(meta["policy_version"])
+    ledger = resume_lib.PromptLedger.from_state(task.train_problems, meta["ledger"])
+    guard.total = int(meta.get("nonfinite_total", 0))
+    before = meta["before"]
+    engine.reseed(resume_lib.step_seed(config.seed, start_step))
+
+  def resume_meta(step):
+    return {"step": step, "policy_version": version, "seed": config.seed,
+            "ledger": ledger.state(), "nonfinite_total": guard.total,
+            "before": {k: before[k] for k in ("accuracy", "tool_use", "n")}}
 
   # ---- asynchronous rollout ---------------------------------------------------------------------
-  weights = WeightStore(trainer.policy_params_copy(), version=0)
   traj_queue = TrajectoryQueue(config.rollout.queue_size)
   stop = threading.Event()
+  env = GuardedEnv(task.env, timeout_s=config.rollout.get("env_timeout_s", 30.0),
+                   fault_rate=float(os.environ.get("SAO_FAULT_ENV_RATE", "0")), seed=config.seed)
+  weights = WeightStore(trainer.policy_params_copy(), version=version)
+  lockstep = config.rollout.get("lockstep", False)
   spec = trainer.spec
-  problems = _cycle(task.train_problems, config.seed)
+  if lockstep and spec.group_size > 1:
+    raise ValueError("rollout.lockstep=True supports one rollout per prompt only; set "
+                     "train.group_size=1 or rollout.lockstep=False.")
+  problems = ledger.iterator()
   if spec.group_size > 1:
     problems = modes.repeat_groups(problems, spec.group_size)
   gate = None
@@ -191,19 +230,30 @@ def run(config) -> dict[str, Any]:
   max_staleness = tcfg.get("max_staleness", -1)
   collector = modes.GroupCollector(spec.group_size)
   dropped = [0]
-  worker = RolloutWorker(engine, task.env, problems,
+  worker = RolloutWorker(engine, env, problems,
                          lambda t: traj_queue.put(t, stop), weights, stop_ids=task.stop_ids,
                          max_new_tokens=config.rollout.max_new_tokens,
-                         max_seq_len=config.model.max_seq_len, seed=config.seed)
-  thread = worker.start_thread(stop)
-  version = 0
+                         max_seq_len=config.model.max_seq_len,
+                         seed=resume_lib.step_seed(config.seed, start_step) if start_step
+                         else config.seed)
+  thread = None if lockstep else worker.start_thread(stop)
 
-  def take(n: int):
+  def take(n: int, step: int = 0):
     """n trajectories (whole groups in the grpo modes), dropping units staler than
-    train.max_staleness versions."""
+    train.max_staleness versions; records the consumed prompts in the ledger."""
     out, waited, ages = [], 0.0, []
     t0 = time.perf_counter()
+    if lockstep:  # [reliability] deterministic rollout, see train/resume.py
+      resume_lib.maybe_kill("rollout", step)
+      out = resume_lib.lockstep_batch(
+          engine, env, trainer.policy_params_copy(), ledger, n, step=step, seed=config.seed,
+          version=version, stop_ids=task.stop_ids, max_new_tokens=config.rollout.max_new_tokens,
+          max_seq_len=config.model.max_seq_len, temperature=config.rollout.temperature)
+      ages = [0.0]
+      worker.stats.trajectories += len(out)
     while len(out) < n:
+      if len(out) == n // 2:
+        resume_lib.maybe_kill("rollout", step)
       try:
         traj, age = traj_queue.get(timeout=1.0)
       except queue_lib.Empty:
@@ -217,20 +267,26 @@ def run(config) -> dict[str, Any]:
           dropped[0] += len(unit)
         else:
           out.extend(unit)
+    # one ledger entry per prompt: a group's members carry "<prompt id>#g<ordinal>"
+    ids = [t.problem_id.split(modes.GROUP_SEP)[0] for t in out][::spec.group_size]
+    positions = ledger.consume(ids)  # [reliability] ledger
+    resume_lib.append_ledger(run_dir, step, out[::spec.group_size], positions)
     waited = time.perf_counter() - t0
     return out, waited, float(np.mean(ages))
 
   history = []
   try:
-    for i in range(tcfg.critic_warmup_steps if spec.uses_critic else 0):
+    for i in range(tcfg.critic_warmup_steps if spec.uses_critic and resume_step is None else 0):
       trajs, _, _ = take(tcfg.batch_size)
       m = trainer.critic_only_step(trajs)
       logger.log(i, m, prefix="critic_warmup/")
     last_tokens, last_time = worker.stats.tokens_sampled, time.time()
-    for step in range(1, tcfg.num_steps + 1):
-      trajs, wait_s, queue_age = take(tcfg.batch_size)
+    for step in range(start_step + 1, tcfg.num_steps + 1):
+      trajs, wait_s, queue_age = take(tcfg.batch_size, step)
       t0, step_t_begin = time.perf_counter(), time.time()
       metrics = trainer.step(trajs, policy_version=version)
+      resume_lib.maybe_kill("train", step)
+      metrics["nonfinite_skipped"] = float(guard.check(step, metrics))  # raises after N in a row
       version += 1
       weights.publish(trainer.policy_params_copy(), version)
       step_t_publish = time.time()
@@ -243,6 +299,7 @@ def run(config) -> dict[str, Any]:
           response_tokens_mean=float(np.mean([t.num_action_tokens for t in trajs])),
           tool_use=float(np.mean([t.info.get("tool_calls", 0) > 0 for t in trajs])),
           failed=float(sum(bool(t.info.get("failed")) for t in trajs)),
+          env_errors_total=float(worker.stats.env_errors), nonfinite_total=float(guard.total),
           tokens_per_s=(tokens - last_tokens) / max(now - last_time, 1e-9),
           wait_s=wait_s, train_s=train_s, queue_age_s=queue_age, queue_size=traj_queue.qsize(),
           rollout_generate_s=worker.stats.generate_s, rollout_prefill_s=worker.stats.prefill_s,
@@ -262,18 +319,23 @@ def run(config) -> dict[str, Any]:
       history.append(metrics)
       progress.update(reward=metrics["reward_mean"], staleness=metrics["staleness_mean"],
                       rollouts=worker.stats.trajectories, tok_s=round(metrics["tokens_per_s"]))
-      if ckpt and step % config.checkpoint.every_steps == 0:
+      if ckpt and config.checkpoint.every_steps and step % config.checkpoint.every_steps == 0:
         ckpt.save(step, {"policy": trainer.policy, "critic": trainer.critic,
-                         "meta": {"policy_version": np.int64(version), "step": np.int64(step)}})
+                         "meta": {"policy_version": np.int64(version), "step": np.int64(step)}},
+                  meta=resume_meta(step))
+        resume_lib.maybe_kill("checkpoint", step)
   finally:
     progress.close()
     stop.set()
-    thread.join(timeout=30)
+    if thread is not None:
+      thread.join(timeout=30)
 
   if ckpt:
-    ckpt.save(tcfg.num_steps, {"policy": trainer.policy, "critic": trainer.critic,
-                               "meta": {"policy_version": np.int64(version),
-                                        "step": np.int64(tcfg.num_steps)}})
+    if ckpt.latest_step() != tcfg.num_steps:
+      ckpt.save(tcfg.num_steps, {"policy": trainer.policy, "critic": trainer.critic,
+                                 "meta": {"policy_version": np.int64(version),
+                                          "step": np.int64(tcfg.num_steps)}},
+                meta=resume_meta(tcfg.num_steps))
     ckpt.close()
 
   t0 = time.time()
@@ -289,6 +351,7 @@ def run(config) -> dict[str, Any]:
       "tool_use_before": before["tool_use"], "tool_use_after": after["tool_use"],
       "eval_problems": after["n"], "policy_steps": tcfg.num_steps,
       "trajectories_consumed": tcfg.batch_size * (tcfg.num_steps + tcfg.critic_warmup_steps),
+      "env_errors": worker.stats.env_errors, "nonfinite_skipped": guard.total,
       "trajectories_generated": worker.stats.trajectories,
       "staleness_max": staleness_max,
       "steps_with_stale_tokens": int(sum(h["staleness_max"] > 0 for h in history)),

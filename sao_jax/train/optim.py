@@ -43,7 +43,8 @@ def make_optimizer(params: Any, *, lr: float, warmup_steps: int = 0, max_grad_no
   """AdamW with linear warm-up and global-norm clipping; frozen leaves get ``set_to_zero``.
 
   Freezing uses ``optax.multi_transform`` so frozen leaves hold no Adam moments (``optax.masked``
-  would still allocate them). Gradient clipping sees only the trainable leaves.
+  would still allocate them). Gradient clipping sees only the trainable leaves. Wrapped in
+  ``optax.apply_if_finite``: a step with non-finite gradients changes nothing.
   """
   if lr <= 0:
     raise ValueError(f"learning rate must be > 0, got {lr}.")
@@ -51,7 +52,9 @@ def make_optimizer(params: Any, *, lr: float, warmup_steps: int = 0, max_grad_no
               else optax.constant_schedule(lr))
   adam = optax.chain(optax.clip_by_global_norm(max_grad_norm),
                      optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
-  if not frozen_patterns:
-    return adam
-  labels = freeze_labels(params, frozen_patterns)
-  return optax.multi_transform({"trainable": adam, "frozen": optax.set_to_zero()}, labels)
+  if frozen_patterns:
+    labels = freeze_labels(params, frozen_patterns)
+    adam = optax.multi_transform({"trainable": adam, "frozen": optax.set_to_zero()}, labels)
+  # NaN/inf gradients: the update is dropped (params and Adam moments unchanged); the caller
+  # stops the run after N such steps in a row (train/resume.py NonFiniteGuard), never this.
+  return optax.apply_if_finite(adam, max_consecutive_errors=2**30)
