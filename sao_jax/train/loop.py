@@ -29,7 +29,7 @@ from sao_jax.train import sft as sft_lib
 from sao_jax.train.checkpoint import Checkpointer, load_policy_params
 from sao_jax.train.metrics import MetricLogger
 from sao_jax.train.sao import SAOConfig, SAOTrainer
-from sao_jax import tasks
+from sao_jax import pretrained, tasks
 
 CONSOLE_KEYS = ("reward_mean", "eval_accuracy", "masked_fraction", "ratio_max", "value_loss",
                 "explained_variance", "staleness_mean", "staleness_max", "tokens_per_s",
@@ -77,22 +77,29 @@ def _cycle(problems, seed):
 def run(config) -> dict[str, Any]:
   """Runs the whole job described by ``config``; returns a summary dict (also written to CSV)."""
   t_job = time.time()
-  if not config.model.checkpoint_dir and not config.get("allow_random_init", False):
+  if (not config.model.checkpoint_dir and not config.model.get("gguf", "")
+      and not config.get("allow_random_init", False)):
     raise ValueError("this config starts RL from a trained policy: set "
                      "--config.model.checkpoint_dir=<sao_jax checkpoint folder> "
                      "(or use the ':smoke' variant for a tiny random model).")
   run_dir = config.run_dir
   os.makedirs(run_dir, exist_ok=True)
   task = tasks.make_task(config)
-  mcfg = model_config(config, task.tokenizer.vocab_size)
+  loaded = pretrained.load_model(config)  # HF checkpoint folder / GGUF, else None
+  mcfg = loaded[0] if loaded else model_config(config, task.tokenizer.vocab_size)
   print(f"task {config.task.name}: {len(task.train_problems)} train / {len(task.eval_problems)} "
         f"eval problems; model {mcfg}", flush=True)
 
   # ---- policy: init (+ SFT warm-up) -------------------------------------------------------------
-  policy = Transformer(mcfg, rngs=nnx.Rngs(config.seed))
-  policy_graphdef, policy_params = nnx.split(policy)
-  policy_params = nnx.to_pure_dict(policy_params)
-  if config.model.checkpoint_dir:
+  if loaded:
+    policy_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))[0]
+    policy_params = loaded[1]
+    print(f"policy loaded from {pretrained.source(config)} checkpoint", flush=True)
+  else:
+    policy = Transformer(mcfg, rngs=nnx.Rngs(config.seed))
+    policy_graphdef, policy_params = nnx.split(policy)
+    policy_params = nnx.to_pure_dict(policy_params)
+  if config.model.checkpoint_dir and not loaded:
     policy_params = load_policy_params(config.model.checkpoint_dir, policy_params)
     print(f"policy loaded from {config.model.checkpoint_dir}", flush=True)
   elif task.sft_demos and config.sft.steps > 0:
@@ -127,6 +134,8 @@ def run(config) -> dict[str, Any]:
                       critic_lr_warmup_steps=tcfg.critic_lr_warmup_steps,
                       max_grad_norm=tcfg.max_grad_norm,
                       freeze_critic_attention=tcfg.freeze_critic_attention,
+                      critic_frozen_patterns=tuple(tcfg.get("critic_frozen_patterns",
+                                                            (r"/attn/",))),
                       temperature=config.rollout.temperature,
                       batch_length=config.model.max_seq_len)
   trainer = SAOTrainer(sao_cfg, policy_graphdef, policy_params, critic_graphdef, critic_params,
