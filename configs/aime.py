@@ -1,7 +1,10 @@
 """SAO in the paper's math setting: AIME 2025 prompts, math-verify reward, paper hyper-parameters.
 
 `python -m sao_jax.main --config=configs/aime.py --config.model.checkpoint_dir=/path/to/ckpt`
-needs a policy checkpoint (an orbax checkpoint written by sao_jax: `<run_dir>/checkpoints`).
+needs a policy checkpoint: a Hugging Face folder (`config.json`, `model.safetensors` or sharded
+`model-*.safetensors` + index, `tokenizer.json`, `tokenizer_config.json` with the chat template;
+e.g. Qwen3-30B-A3B) loaded by `sao_jax.models.hf`, or an orbax checkpoint written by sao_jax
+(`<run_dir>/checkpoints`). With a Hugging Face folder the prompts go through its chat template.
 Without one it stops at once and says which field to set.
 `--config=configs/aime.py:smoke` runs the AIME data path end to end with a tiny random model
 for two steps (a wiring check, not a result).
@@ -27,7 +30,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.task.max_turns = 1
 
   c.allow_random_init = False         # refuse to start RL from a random model
-  c.model.checkpoint_dir = ""         # REQUIRED: sao_jax orbax checkpoint folder of the policy
+  c.model.checkpoint_dir = ""         # REQUIRED: HF checkpoint folder or sao_jax orbax checkpoint
+  c.model.param_dtype = "bfloat16"    # HF checkpoints load in bf16 (paper scale)
+  c.model.dtype = "bfloat16"
   c.model.max_seq_len = 4096          # prompt (character tokens) + response
   c.sft.steps = 0                     # no warm-up: the checkpoint is the starting policy
 
@@ -52,6 +57,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant == "smoke":
     c.run_dir = "runs/aime_smoke"
     c.model.checkpoint_dir = ""       # tiny random model instead of a checkpoint
+    c.model.param_dtype, c.model.dtype = "float32", "float32"
     c.model.d_model, c.model.n_layers, c.model.d_ff = 32, 1, 64
     c.model.n_heads, c.model.n_kv_heads, c.model.head_dim = 2, 1, 16
     c.model.max_seq_len = 2112

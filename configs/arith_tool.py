@@ -20,7 +20,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.task.max_turns = 3            # policy turns per trajectory (tool call, answer, ...)
 
   c.model = ml_collections.ConfigDict()
-  c.model.checkpoint_dir = ""     # sao_jax orbax checkpoint to start the policy from ("" = none)
+  c.model.checkpoint_dir = ""     # policy to start from: a sao_jax orbax run checkpoint, or a
+                                  # Hugging Face folder (config.json + safetensors + tokenizer.json;
+                                  # its shapes and tokenizer then replace the fields below)
+  c.model.gguf = ""               # llama.cpp GGUF file to start from ("smollm2" = packaged SmolLM2)
+  c.model.param_dtype = "float32" # parameter dtype when loading a checkpoint
   c.model.d_model = 128           # residual width
   c.model.n_layers = 2            # transformer blocks
   c.model.n_heads = 4             # query heads
@@ -73,6 +77,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.critic_updates_per_step = 2  # K critic updates per policy update (paper: 2)
   c.train.critic_warmup_steps = 0 # critic-only steps on rollouts before RL (pre-trained critic)
   c.train.freeze_critic_attention = True  # critic trains only MLP, norms, embeddings, value head
+  # regexes over critic param paths frozen when freeze_critic_attention (e.g. add r"/mlp/router/",
+  # r"backbone/embed/", r"_norm/" to freeze the MoE router, embeddings, norms too)
+  c.train.critic_frozen_patterns = (r"/attn/",)
   c.train.eps_low = 0.3           # DIS band: keep tokens with 1-eps_low < ratio < 1+eps_high
   c.train.eps_high = 5.0          # DIS band upper half-width (paper: 5.0 math/tool, 3.0 coding)
   c.train.gamma = 1.0             # discount

@@ -169,8 +169,9 @@ def validate_config(config, num_devices: Optional[int] = None) -> None:
     if "train.batch_size" in flat and flat["train.batch_size"] % data:
       problems.append(f"config.train.batch_size = {flat['train.batch_size']}: must be divisible "
                       f"by the mesh's data x fsdp size ({data}); fix: use a multiple of {data}")
-  if not config.get("model", {}).get("checkpoint_dir") and not config.get("allow_random_init",
-                                                                            False):
+  model = config.get("model", {})
+  if (not model.get("checkpoint_dir") and not model.get("gguf", "")
+      and not config.get("allow_random_init", False)):
     problems.append("config.model.checkpoint_dir = '': this config starts RL from a trained "
                     "policy; fix: set --config.model.checkpoint_dir=<sao_jax checkpoint folder> "
                     "(or use the ':smoke' variant for a tiny random model)")

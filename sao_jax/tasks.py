@@ -23,8 +23,9 @@ def make_task(config) -> Task:
 
   Raises ValueError for an unknown task name."""
   from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel
+  from sao_jax import pretrained  # pylint: disable=import-outside-toplevel
   name = config.task.name
-  tok = CharTokenizer()
+  tok = pretrained.load_tokenizer(config) or CharTokenizer()
   if name == "arith_tool":
     from sao_jax.envs import arith_tool  # pylint: disable=import-outside-toplevel
     train = arith_tool.make_problems(config.task.n_train, seed=config.seed, split="train")
@@ -37,14 +38,22 @@ def make_task(config) -> Task:
   if name == "math":
     from sao_jax.data import jsonl  # pylint: disable=import-outside-toplevel
     from sao_jax.envs.math_env import MathEnv  # pylint: disable=import-outside-toplevel
-    problems = jsonl.load_math_problems(jsonl.packaged_path(config.task.train_file)
-                                        if "/" not in config.task.train_file
-                                        else config.task.train_file,
-                                        blank_lines="error")
+    from sao_jax.envs.chat_math import ChatMathEnv  # pylint: disable=import-outside-toplevel
+
+    def load(f):
+      return jsonl.load_math_problems(jsonl.packaged_path(f) if "/" not in f else f,
+                                      blank_lines="error")
+
+    problems = load(config.task.train_file)
     rng = np.random.default_rng(config.seed)
     order = rng.permutation(len(problems))
     problems = [problems[i] for i in order]
-    n_eval = min(config.task.n_eval, len(problems))
-    return Task(tok, MathEnv(tok, max_turns=1), problems, problems[:n_eval],
-                (tok.eos_id,), None)
+    evals = load(config.task.eval_file) if config.task.get("eval_file", "") else problems
+    n_eval = min(config.task.n_eval, len(evals))
+    if getattr(tok, "chat_template", None):  # a real checkpoint: prompts via its chat template
+      env = ChatMathEnv(tok, system=config.task.get("system_prompt", None) or None)
+      stop = tuple(tok.stop_ids)
+    else:
+      env, stop = MathEnv(tok, max_turns=1), (tok.eos_id,)
+    return Task(tok, env, problems, evals[:n_eval], stop, None)
   raise ValueError(f"unknown task.name={name!r}; use 'arith_tool' or 'math'.")

@@ -1,29 +1,49 @@
-"""Qwen3-style decoder-only transformer and critic in Flax NNX.
+"""Qwen3 dense / Qwen3-MoE / Llama decoder-only transformers and the critic in Flax NNX.
 
-Architecture (Qwen3 dense, https://huggingface.co/docs/transformers/model_doc/qwen3):
-RMSNorm pre-norm blocks; rotary position embeddings (rotate-half layout, as Hugging Face);
-grouped-query attention with RMSNorm on q and k per head; SwiGLU MLP; optionally tied
-input/output embeddings.
+Architecture (Qwen3, https://huggingface.co/docs/transformers/model_doc/qwen3; Qwen3-MoE,
+https://huggingface.co/docs/transformers/model_doc/qwen3_moe): RMSNorm pre-norm blocks; rotary
+position embeddings (rotate-half layout, as Hugging Face) with the checkpoint's theta and optional
+scaling (``linear``, ``llama3``, ``yarn``); grouped-query attention with RMSNorm on q and k per
+head (off for the Llama layout), optional q/k/v biases; SwiGLU MLP, or a mixture of SwiGLU experts
+with top-k softmax routing (optionally renormalised over the top k, ``norm_topk_prob``) on the
+layers listed in ``ModelConfig.moe_layers``; tied or untied input/output embeddings.
 
 Both modules take explicit ``positions`` so the same code serves training (full sequences,
 causal mask), prefill (a chunk appended after an existing KV cache) and decoding (one token per
 row, every row at its own position). The KV cache is a plain pytree:
 ``[(k, v) for each layer]`` with ``k, v: [batch, cache_len, n_kv_heads, head_dim]``.
 
-Parameter paths: every attention parameter lives under ``...['attn']...`` so optimizers can freeze
-them by pattern (see ``sao_jax.train.optim``).
+Parameter paths (pure dicts from ``nnx.to_pure_dict``)::
+
+  embed/embedding                         [vocab, d_model]
+  layers/{i}/attn_norm/scale              [d_model]
+  layers/{i}/attn/{q,k,v,o}_proj/kernel   [in, out]  (+ bias when attention_bias)
+  layers/{i}/attn/{q,k}_norm/scale        [head_dim] (qk_norm)
+  layers/{i}/mlp_norm/scale               [d_model]
+  layers/{i}/mlp/{gate,up,down}_proj/kernel           dense layer
+  layers/{i}/mlp/router/kernel            [d_model, n_experts]        MoE layer
+  layers/{i}/mlp/{gate,up}_proj           [n_experts, d_model, moe_d_ff]
+  layers/{i}/mlp/down_proj                [n_experts, moe_d_ff, d_model]
+  final_norm/scale, lm_head/kernel (untied only)
+
+Every attention parameter lives under ``.../attn/...`` so optimizers can freeze them by pattern
+(see ``sao_jax.train.optim``); ``sao_jax.models.partition`` gives each path its logical axes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+import math
+from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 KVCache = list  # list[tuple[jax.Array, jax.Array]], one (k, v) per layer
+
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,19 +51,30 @@ class ModelConfig:
   """Static shape/hyper-parameters of the decoder.
 
   Attributes:
-    vocab_size: number of token ids.
+    vocab_size: number of token ids (rows of the embedding).
     d_model: residual width.
     n_layers: number of transformer blocks.
     n_heads: query heads.
     n_kv_heads: key/value heads (``n_heads % n_kv_heads == 0``; GQA).
     head_dim: per-head width.
-    d_ff: SwiGLU hidden width.
+    d_ff: SwiGLU hidden width of the dense MLP layers.
     rope_theta: RoPE base frequency.
     rms_eps: RMSNorm epsilon.
     tie_embeddings: output projection = embedding matrix transposed.
     qk_norm: RMSNorm on queries and keys per head (Qwen3); False gives the Llama layout.
     max_seq_len: longest sequence (prompt + response) the model is used with.
-    dtype: activation/compute dtype name ("float32" or "bfloat16"); params are float32.
+    dtype: activation/compute dtype name ("float32" or "bfloat16").
+    param_dtype: parameter storage dtype name ("float32" or "bfloat16").
+    arch: Hugging Face ``model_type`` this config mirrors: "qwen3", "qwen3_moe" or "llama".
+    attention_bias: biases on the q/k/v projections (and o when ``o_bias``).
+    rope_scaling: None or a tuple of ``(key, value)`` pairs of the checkpoint's ``rope_scaling``
+      (``rope_type`` one of ``ROPE_TYPES``); a tuple so the config stays hashable.
+    n_experts: experts per MoE layer (0 = dense model).
+    n_experts_per_tok: experts each token is routed to (top k).
+    moe_d_ff: SwiGLU hidden width of one expert.
+    moe_layers: indices of the layers whose MLP is a mixture of experts.
+    norm_topk_prob: renormalise the top-k router probabilities to sum to 1 (Qwen3-MoE).
+    router_aux_loss_coef: weight of the router load-balancing loss (0 = not used).
   """
 
   vocab_size: int
@@ -59,6 +90,17 @@ class ModelConfig:
   qk_norm: bool = True
   max_seq_len: int = 256
   dtype: str = "float32"
+  param_dtype: str = "float32"
+  arch: str = "qwen3"
+  attention_bias: bool = False
+  o_bias: bool = False
+  rope_scaling: Optional[tuple] = None
+  n_experts: int = 0
+  n_experts_per_tok: int = 0
+  moe_d_ff: int = 0
+  moe_layers: tuple = ()
+  norm_topk_prob: bool = True
+  router_aux_loss_coef: float = 0.0
 
   def __post_init__(self):
     if self.n_heads % self.n_kv_heads:
@@ -69,40 +111,120 @@ class ModelConfig:
                  "d_ff", "max_seq_len"):
       if getattr(self, name) < 1:
         raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}.")
+    if self.head_dim % 2:
+      raise ValueError(f"model.head_dim={self.head_dim} must be even (RoPE rotates pairs).")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"model.{name}={getattr(self, name)!r}; use 'float32' or 'bfloat16'.")
+    object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
+    if self.moe_layers:
+      if self.n_experts < 1 or not 1 <= self.n_experts_per_tok <= self.n_experts:
+        raise ValueError(
+            f"MoE layers {self.moe_layers} need model.n_experts >= 1 and 1 <= "
+            f"model.n_experts_per_tok <= n_experts; got n_experts={self.n_experts}, "
+            f"n_experts_per_tok={self.n_experts_per_tok}.")
+      if self.moe_d_ff < 1:
+        raise ValueError(f"model.moe_d_ff must be >= 1 for MoE layers, got {self.moe_d_ff}.")
+      bad = [i for i in self.moe_layers if not 0 <= i < self.n_layers]
+      if bad:
+        raise ValueError(f"model.moe_layers has indices {bad} outside 0..{self.n_layers - 1}.")
+    if self.rope_scaling is not None:
+      rtype = self.rope_scaling_dict().get("rope_type", "default")
+      if rtype not in ROPE_TYPES:
+        raise ValueError(f"rope_scaling type {rtype!r} is not supported; supported: {ROPE_TYPES}.")
 
   @property
   def compute_dtype(self):
     return jnp.dtype(self.dtype)
 
+  @property
+  def params_dtype(self):
+    return jnp.dtype(self.param_dtype)
+
+  @property
+  def is_moe(self) -> bool:
+    return bool(self.moe_layers)
+
+  def rope_scaling_dict(self) -> dict:
+    return dict(self.rope_scaling or ())
+
+
+def rope_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
+  """Inverse frequencies [head_dim // 2] float32 and the cos/sin scale (``attention_factor``).
+
+  Implements the Hugging Face ``ROPE_INIT_FUNCTIONS`` variants: ``default``
+  (``theta ** (-2i / d)``), ``linear`` (divide by ``factor``), ``llama3`` (Llama 3.1 wavelength
+  bands) and ``yarn`` (Peng et al. 2023, NTK-by-parts with ``0.1 ln(factor) + 1`` scaling).
+  """
+  d = cfg.head_dim
+  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float32) / d))
+  sc = cfg.rope_scaling_dict()
+  rtype = sc.get("rope_type", sc.get("type", "default"))
+  scale = 1.0
+  if rtype == "linear":
+    inv = inv / float(sc["factor"])
+  elif rtype == "llama3":
+    factor, lo, hi = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+    old = float(sc["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv
+    low_wl, high_wl = old / lo, old / hi
+    smooth = (old / wavelen - lo) / (hi - lo)
+    mid = (1 - smooth) * inv / factor + smooth * inv
+    inv = np.where(wavelen > low_wl, inv / factor, np.where(wavelen < high_wl, inv, mid))
+  elif rtype == "yarn":
+    factor = float(sc["factor"])
+    old = float(sc.get("original_max_position_embeddings") or cfg.max_seq_len)
+    beta_fast, beta_slow = float(sc.get("beta_fast") or 32), float(sc.get("beta_slow") or 1)
+    mscale = sc.get("attention_factor")
+    scale = float(mscale) if mscale is not None else (0.1 * math.log(factor) + 1.0
+                                                        if factor > 1 else 1.0)
+
+    def dim_of(rot):
+      return (d * math.log(old / (rot * 2 * math.pi))) / (2 * math.log(cfg.rope_theta))
+
+    low = max(math.floor(dim_of(beta_fast)), 0)
+    high = min(math.ceil(dim_of(beta_slow)), d - 1)
+    if low == high:
+      high += 0.001
+    ramp = np.clip((np.arange(d // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    extrap = 1 - ramp
+    inv = (inv / factor) * (1 - extrap) + inv * extrap
+  return inv.astype(np.float32), scale
+
 
 class RMSNorm(nnx.Module):
-  """y = x / sqrt(mean(x^2) + eps) * scale, computed in float32."""
+  """y = x / sqrt(mean(x^2) + eps) * scale, computed in float32, returned in x's dtype."""
 
-  def __init__(self, dim: int, eps: float):
-    self.scale = nnx.Param(jnp.ones((dim,), jnp.float32))
+  def __init__(self, dim: int, eps: float, param_dtype=jnp.float32):
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
     self.eps = eps
 
   def __call__(self, x):
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (y * self.scale[...]).astype(x.dtype)
+    return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-  """Rotary embedding, rotate-half layout. x: [B, T, H, D]; positions: [B, T] int."""
+def rope(x: jax.Array, positions: jax.Array, theta=None, *, inv_freq=None,
+         scale: float = 1.0) -> jax.Array:
+  """Rotary embedding, rotate-half layout. x: [B, T, H, D]; positions: [B, T] int.
+
+  Either ``theta`` (default frequencies) or ``inv_freq`` [D/2] (see ``rope_frequencies``)."""
   d = x.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
-  cos = jnp.cos(angles)[:, :, None, :]
-  sin = jnp.sin(angles)[:, :, None, :]
+  if inv_freq is None:
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+  cos = (jnp.cos(angles) * scale)[:, :, None, :]
+  sin = (jnp.sin(angles) * scale)[:, :, None, :]
   x32 = x.astype(jnp.float32)
   x1, x2 = x32[..., : d // 2], x32[..., d // 2:]
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
 
 
-def _linear(rngs, din, dout):
-  return nnx.Linear(din, dout, use_bias=False, rngs=rngs,
+def _linear(rngs, din, dout, cfg: ModelConfig, bias: bool = False):
+  return nnx.Linear(din, dout, use_bias=bias, rngs=rngs, dtype=cfg.compute_dtype,
+                    param_dtype=cfg.params_dtype,
                     kernel_init=nnx.initializers.normal(stddev=din ** -0.5))
 
 
@@ -111,15 +233,17 @@ class Attention(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.q_proj = _linear(rngs, cfg.d_model, cfg.n_heads * cfg.head_dim)
-    self.k_proj = _linear(rngs, cfg.d_model, cfg.n_kv_heads * cfg.head_dim)
-    self.v_proj = _linear(rngs, cfg.d_model, cfg.n_kv_heads * cfg.head_dim)
-    self.o_proj = _linear(rngs, cfg.n_heads * cfg.head_dim, cfg.d_model)
+    self.q_proj = _linear(rngs, cfg.d_model, cfg.n_heads * cfg.head_dim, cfg, cfg.attention_bias)
+    self.k_proj = _linear(rngs, cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg,
+                          cfg.attention_bias)
+    self.v_proj = _linear(rngs, cfg.d_model, cfg.n_kv_heads * cfg.head_dim, cfg,
+                          cfg.attention_bias)
+    self.o_proj = _linear(rngs, cfg.n_heads * cfg.head_dim, cfg.d_model, cfg, cfg.o_bias)
     if cfg.qk_norm:
-      self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
-      self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps)
+      self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_eps, cfg.params_dtype)
+      self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps, cfg.params_dtype)
 
-  def __call__(self, x, positions, cache: Optional[tuple] = None):
+  def __call__(self, x, positions, cache: Optional[tuple] = None, key_mask=None):
     cfg = self.cfg
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, cfg.n_heads, cfg.head_dim)
@@ -127,8 +251,9 @@ class Attention(nnx.Module):
     v = self.v_proj(x).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    q = rope(q, positions, cfg.rope_theta)
-    k = rope(k, positions, cfg.rope_theta)
+    inv_freq, rscale = rope_frequencies(cfg)
+    q = rope(q, positions, inv_freq=inv_freq, scale=rscale)
+    k = rope(k, positions, inv_freq=inv_freq, scale=rscale)
     if cache is None:
       keys, values, key_pos = k, v, positions
       new_cache = None
@@ -145,6 +270,8 @@ class Attention(nnx.Module):
     scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.astype(q.dtype)).astype(jnp.float32)
     scores = scores * (cfg.head_dim ** -0.5)
     mask = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S] causal on absolute positions
+    if key_mask is not None:
+      mask = mask & key_mask.astype(bool)[:, None, :]
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(x.dtype))
@@ -156,27 +283,72 @@ class MLP(nnx.Module):
   """SwiGLU: down(silu(gate(x)) * up(x))."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    self.gate_proj = _linear(rngs, cfg.d_model, cfg.d_ff)
-    self.up_proj = _linear(rngs, cfg.d_model, cfg.d_ff)
-    self.down_proj = _linear(rngs, cfg.d_ff, cfg.d_model)
+    self.gate_proj = _linear(rngs, cfg.d_model, cfg.d_ff, cfg)
+    self.up_proj = _linear(rngs, cfg.d_model, cfg.d_ff, cfg)
+    self.down_proj = _linear(rngs, cfg.d_ff, cfg.d_model, cfg)
 
   def __call__(self, x):
-    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)), None
+
+
+def route(router_logits: jax.Array, top_k: int, normalize: bool) -> jax.Array:
+  """Top-k softmax routing (Qwen3-MoE / Mixtral): dense combine weights [..., E] float32.
+
+  ``p = softmax(router_logits)`` in float32; the k largest ``p`` are kept (renormalised to sum to 1
+  when ``normalize``, the checkpoint's ``norm_topk_prob``), every other expert gets weight 0."""
+  probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+  top_p, top_i = jax.lax.top_k(probs, top_k)
+  if normalize:
+    top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+  onehot = jax.nn.one_hot(top_i, probs.shape[-1], dtype=jnp.float32)  # [..., k, E]
+  return jnp.einsum("...k,...ke->...e", top_p, onehot)
+
+
+class MoE(nnx.Module):
+  """Mixture of SwiGLU experts with a linear top-k router (Qwen3-MoE sparse block).
+
+  ``__call__(x [B, T, D]) -> (y [B, T, D], router_logits [B, T, E] float32)`` with
+  ``y = sum_e w_e(x) * down_e(silu(gate_e(x)) * up_e(x))`` and ``w = route(router(x))``.
+  Computed densely over all experts (exact, simple; expert-parallel dispatch is the sharding
+  issue's job), so the cost is ``n_experts / n_experts_per_tok`` times the routed FLOPs.
+  """
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    e, d, f = cfg.n_experts, cfg.d_model, cfg.moe_d_ff
+    pdt = cfg.params_dtype
+    self.router = nnx.Linear(d, e, use_bias=False, rngs=rngs, dtype=jnp.float32, param_dtype=pdt,
+                             kernel_init=nnx.initializers.normal(stddev=d ** -0.5))
+    init = nnx.initializers.normal(stddev=d ** -0.5)
+    self.gate_proj = nnx.Param(init(rngs.params(), (e, d, f), pdt))
+    self.up_proj = nnx.Param(init(rngs.params(), (e, d, f), pdt))
+    self.down_proj = nnx.Param(nnx.initializers.normal(stddev=f ** -0.5)(rngs.params(), (e, f, d),
+                                                                         pdt))
+
+  def __call__(self, x):
+    cfg = self.cfg
+    logits = self.router(x.astype(jnp.float32))
+    weights = route(logits, cfg.n_experts_per_tok, cfg.norm_topk_prob).astype(x.dtype)
+    dt = x.dtype
+    g = jnp.einsum("btd,edf->btef", x, self.gate_proj[...].astype(dt))
+    u = jnp.einsum("btd,edf->btef", x, self.up_proj[...].astype(dt))
+    h = jax.nn.silu(g) * u * weights[..., None]
+    return jnp.einsum("btef,efd->btd", h, self.down_proj[...].astype(dt)), logits
 
 
 class Block(nnx.Module):
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    self.attn_norm = RMSNorm(cfg.d_model, cfg.rms_eps)
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, layer: int = 0):
+    self.attn_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.params_dtype)
     self.attn = Attention(cfg, rngs)
-    self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps)
-    self.mlp = MLP(cfg, rngs)
+    self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.params_dtype)
+    self.mlp = MoE(cfg, rngs) if layer in cfg.moe_layers else MLP(cfg, rngs)
 
-  def __call__(self, x, positions, cache=None):
-    h, new_cache = self.attn(self.attn_norm(x), positions, cache)
+  def __call__(self, x, positions, cache=None, key_mask=None):
+    h, new_cache = self.attn(self.attn_norm(x), positions, cache, key_mask)
     x = x + h
-    x = x + self.mlp(self.mlp_norm(x))
-    return x, new_cache
+    m, router_logits = self.mlp(self.mlp_norm(x))
+    return x + m, new_cache, router_logits
 
 
 class Transformer(nnx.Module):
@@ -188,33 +360,82 @@ class Transformer(nnx.Module):
       ``positions[b, 0] ... positions[b, 0] + T - 1`` (contiguous).
     cache: None (no cache, causal attention among the T tokens) or a ``KVCache`` whose
       entries at positions < positions[b, 0] are valid for row b.
-    return_hidden: also return the final normed hidden states [B, T, D].
+    attention_mask: optional {0,1} [B, T] (no-cache calls only): keys with 0 (padding) are never
+      attended to. Right padding needs no mask (causality already hides it); left padding does.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs,
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, rngs=rngs, param_dtype=cfg.params_dtype,
                            embedding_init=nnx.initializers.normal(stddev=1.0))
-    self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
-    self.final_norm = RMSNorm(cfg.d_model, cfg.rms_eps)
+    self.layers = nnx.List([Block(cfg, rngs, i) for i in range(cfg.n_layers)])
+    self.final_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.params_dtype)
     if not cfg.tie_embeddings:
-      self.lm_head = _linear(rngs, cfg.d_model, cfg.vocab_size)
+      self.lm_head = _linear(rngs, cfg.d_model, cfg.vocab_size, cfg)
 
-  def hidden(self, tokens, positions, cache: Optional[KVCache] = None):
+  def _run(self, tokens, positions, cache, attention_mask):
+    if cache is not None and attention_mask is not None:
+      raise ValueError("attention_mask is only supported without a KV cache.")
     x = self.embed(tokens).astype(self.cfg.compute_dtype)
-    new_cache = []
+    new_cache, router_logits = [], []
     for i, layer in enumerate(self.layers):
-      x, c = layer(x, positions, None if cache is None else cache[i])
+      x, c, r = layer(x, positions, None if cache is None else cache[i], attention_mask)
       new_cache.append(c)
-    return self.final_norm(x), (None if cache is None else new_cache)
+      if r is not None:
+        router_logits.append(r)
+    return self.final_norm(x), (None if cache is None else new_cache), router_logits
 
-  def __call__(self, tokens, positions, cache: Optional[KVCache] = None):
-    h, new_cache = self.hidden(tokens, positions, cache)
+  def hidden(self, tokens, positions, cache: Optional[KVCache] = None, attention_mask=None):
+    """Final normed hidden states [B, T, D] (compute dtype) and the new cache."""
+    h, new_cache, _ = self._run(tokens, positions, cache, attention_mask)
+    return h, new_cache
+
+  def logits_from_hidden(self, h):
+    """[B, T, D] -> float32 logits [B, T, V] (tied: ``h @ embedding.T`` in float32)."""
     if self.cfg.tie_embeddings:
-      logits = self.embed.attend(h.astype(jnp.float32))
-    else:
-      logits = self.lm_head(h)
-    return logits.astype(jnp.float32), new_cache
+      return h.astype(jnp.float32) @ self.embed.embedding[...].astype(jnp.float32).T
+    return self.lm_head(h).astype(jnp.float32)
+
+  def __call__(self, tokens, positions, cache: Optional[KVCache] = None, *, attention_mask=None):
+    h, new_cache, _ = self._run(tokens, positions, cache, attention_mask)
+    return self.logits_from_hidden(h), new_cache
+
+  def forward_with_aux(self, tokens, positions, attention_mask=None):
+    """No-cache forward that also returns the MoE router logits.
+
+    Returns ``(logits [B, T, V] float32, aux)`` with ``aux = {"router_logits": [L_moe, B, T, E]
+    float32 or None, "load_balancing_loss": scalar float32 (0 for a dense model)}``."""
+    h, _, rl = self._run(tokens, positions, None, attention_mask)
+    if not rl:
+      return self.logits_from_hidden(h), {"router_logits": None,
+                                          "load_balancing_loss": jnp.float32(0.0)}
+    rl = jnp.stack(rl)
+    lb = load_balancing_loss(rl, self.cfg.n_experts_per_tok, attention_mask)
+    return self.logits_from_hidden(h), {"router_logits": rl, "load_balancing_loss": lb}
+
+
+def load_balancing_loss(router_logits: jax.Array, top_k: int,
+                        attention_mask: Optional[jax.Array] = None) -> jax.Array:
+  """Switch-Transformer load-balancing loss as Hugging Face computes it for Qwen3-MoE / Mixtral.
+
+  ``E * sum_{k, e} f_{k,e} * P_e`` where, over all (layer, token) pairs that the mask keeps,
+  ``f_{k,e}`` is the fraction whose k-th choice is expert e and ``P_e`` the mean router probability
+  of e (Fedus et al. 2021, Eq. 4). router_logits: [L, B, T, E]; attention_mask: {0,1} [B, T] or
+  None. Returns a float32 scalar; 1.0 * top_k... for perfectly uniform routing it equals ``top_k``.
+  Multiply by ``router_aux_loss_coef`` before adding to a loss.
+  """
+  e = router_logits.shape[-1]
+  probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+  _, sel = jax.lax.top_k(probs, top_k)
+  onehot = jax.nn.one_hot(sel, e, dtype=jnp.float32)  # [L, B, T, k, E]
+  if attention_mask is None:
+    w = jnp.ones(router_logits.shape[:-1], jnp.float32)
+  else:
+    w = jnp.broadcast_to(attention_mask.astype(jnp.float32)[None], router_logits.shape[:-1])
+  n = jnp.sum(w)
+  f = jnp.einsum("lbtke,lbt->ke", onehot, w) / n
+  p = jnp.einsum("lbte,lbt->e", probs, w) / n
+  return jnp.sum(f * p[None]) * e
 
 
 class Critic(nnx.Module):
@@ -244,3 +465,31 @@ def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache
 def default_positions(tokens: jax.Array) -> jax.Array:
   """0..T-1 for every row: [B, T] int32."""
   return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+def greedy_generate(model: Transformer, prompt: Sequence[int], max_new_tokens: int,
+                    stop_ids: Sequence[int] = ()) -> list[int]:
+  """Greedy decoding of one prompt with the KV cache (prefill once, then one token per step).
+
+  prompt: token ids (len >= 1). Returns the generated ids (stops after a token in ``stop_ids``,
+  which is included). Pure-Python loop over a jitted step; for tests and quick checks."""
+  cfg = model.cfg
+  graphdef, state = nnx.split(model)
+  n = len(prompt)
+  cache = init_cache(cfg, 1, n + max_new_tokens)
+
+  @jax.jit
+  def step(state, tokens, positions, cache):
+    m = nnx.merge(graphdef, state)
+    logits, cache = m(tokens, positions, cache)
+    return jnp.argmax(logits[0, -1]).astype(jnp.int32), cache
+
+  tokens = jnp.asarray([list(prompt)], jnp.int32)
+  tok, cache = step(state, tokens, default_positions(tokens), cache)
+  out = []
+  for i in range(max_new_tokens):
+    out.append(int(tok))
+    if out[-1] in stop_ids or i == max_new_tokens - 1:
+      break
+    tok, cache = step(state, tok.reshape(1, 1), jnp.full((1, 1), n + i, jnp.int32), cache)
+  return out

@@ -38,7 +38,7 @@ from sao_jax.train.metrics import MetricLogger, require_wandb
 from sao_jax.train.progress import Progress
 from sao_jax.train import modes
 from sao_jax.train.sao import SAOConfig, SAOTrainer
-from sao_jax import tasks
+from sao_jax import pretrained, tasks
 from sao_jax.config_validation import validate_config
 from sao_jax.envs.guard import GuardedEnv
 from sao_jax.train import resume as resume_lib
@@ -132,15 +132,21 @@ def run(config) -> dict[str, Any]:
   for name in ("metrics.jsonl", "ledger.jsonl"):
     resume_lib.truncate_jsonl(os.path.join(run_dir, name),
                               -1 if resume_step is None else resume_step)
-  mcfg = model_config(config, task.tokenizer.vocab_size)
+  loaded = pretrained.load_model(config)  # HF checkpoint folder / GGUF, else None
+  mcfg = loaded[0] if loaded else model_config(config, task.tokenizer.vocab_size)
   print(f"task {config.task.name}: {len(task.train_problems)} train / {len(task.eval_problems)} "
         f"eval problems; model {mcfg}", flush=True)
 
   # ---- policy: init (+ SFT warm-up) -------------------------------------------------------------
-  policy = Transformer(mcfg, rngs=nnx.Rngs(config.seed))
-  policy_graphdef, policy_params = nnx.split(policy)
-  policy_params = nnx.to_pure_dict(policy_params)
-  if config.model.checkpoint_dir:
+  if loaded:
+    policy_graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))[0]
+    policy_params = loaded[1]
+    print(f"policy loaded from {pretrained.source(config)} checkpoint", flush=True)
+  else:
+    policy = Transformer(mcfg, rngs=nnx.Rngs(config.seed))
+    policy_graphdef, policy_params = nnx.split(policy)
+    policy_params = nnx.to_pure_dict(policy_params)
+  if config.model.checkpoint_dir and not loaded:
     policy_params = load_policy_params(config.model.checkpoint_dir, policy_params)
     print(f"policy loaded from {config.model.checkpoint_dir}", flush=True)
   elif task.sft_demos and config.sft.steps > 0 and resume_step is None:
@@ -177,6 +183,8 @@ def run(config) -> dict[str, Any]:
                       critic_lr_warmup_steps=tcfg.critic_lr_warmup_steps,
                       max_grad_norm=tcfg.max_grad_norm,
                       freeze_critic_attention=tcfg.freeze_critic_attention,
+                      critic_frozen_patterns=tuple(tcfg.get("critic_frozen_patterns",
+                                                            (r"/attn/",))),
                       temperature=config.rollout.temperature,
                       batch_length=config.model.max_seq_len, **mode_fields(tcfg))
   trainer = SAOTrainer(sao_cfg, policy_graphdef, policy_params, critic_graphdef, critic_params,

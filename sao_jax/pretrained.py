@@ -1,0 +1,48 @@
+"""Pretrained models from the config: Hugging Face checkpoint folders and GGUF files.
+
+``config.model.checkpoint_dir`` holding a ``config.json`` is a Hugging Face checkpoint folder
+(safetensors + ``tokenizer.json``); without one it is a sao_jax orbax run checkpoint (handled by
+``sao_jax.train.checkpoint``). ``config.model.gguf`` ("" / a ``.gguf`` path / ``"smollm2"``)
+selects a llama.cpp GGUF file instead. The tokenizer then comes from the same source.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+
+def source(config) -> str:
+  """"gguf", "hf", "orbax" or "random"."""
+  m = config.model
+  if m.get("gguf", ""):
+    return "gguf"
+  if m.checkpoint_dir:
+    return "hf" if os.path.isfile(os.path.join(m.checkpoint_dir, "config.json")) else "orbax"
+  return "random"
+
+
+def load_tokenizer(config):
+  """The checkpoint's ``HFTokenizer`` for "hf"/"gguf" sources, else None."""
+  from sao_jax.data.hf_tokenizer import HFTokenizer  # pylint: disable=import-outside-toplevel
+  kind = source(config)
+  if kind == "gguf":
+    return HFTokenizer.from_gguf(config.model.gguf)
+  if kind == "hf":
+    return HFTokenizer.from_pretrained(config.model.checkpoint_dir)
+  return None
+
+
+def load_model(config) -> Optional[tuple]:
+  """``(ModelConfig, params)`` for "hf"/"gguf" sources (shapes from the checkpoint, length and
+  dtypes from ``config.model``), else None."""
+  kind = source(config)
+  kw = dict(max_seq_len=config.model.max_seq_len, dtype=config.model.dtype,
+            param_dtype=config.model.get("param_dtype", "float32"))
+  if kind == "gguf":
+    from sao_jax.models.gguf_loader import load_gguf  # pylint: disable=import-outside-toplevel
+    return load_gguf(config.model.gguf, **kw)
+  if kind == "hf":
+    from sao_jax.models.hf import load_hf_checkpoint  # pylint: disable=import-outside-toplevel
+    return load_hf_checkpoint(config.model.checkpoint_dir, **kw)
+  return None
