@@ -1,6 +1,6 @@
 """The SAO main job. `python -m sao_jax.main --config=configs/arith_tool.py [--config.x=y]`."""
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file "
@@ -10,6 +10,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)  # keep JAX/orbax INFO chatter off the console
   if FLAGS.config is None:
     raise app.UsageError("--config is required, e.g. --config=configs/arith_tool.py")
   from sao_jax.train import loop  # pylint: disable=import-outside-toplevel

@@ -119,6 +119,8 @@ def run(config) -> dict[str, Any]:
   validate_config(config)  # [reliability] every bad field in one error, before any compilation
   run_dir = config.run_dir
   os.makedirs(run_dir, exist_ok=True)
+  with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
+    f.write(config.to_json_best_effort(indent=2))  # the resolved config, overrides included
   if config.log.get("wandb_project", ""):
     require_wandb()  # fail now, not after the warm-up
   task = tasks.make_task(config)
