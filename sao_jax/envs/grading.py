@@ -62,7 +62,7 @@ _ALLOWED_COMMANDS = frozenset(
 logger = logging.getLogger(__name__)
 # math_verify warns on every call that its signal-based timeouts are off; they must be off here
 # (grading runs in rollout threads, where signal.alarm is unavailable) and inputs are screened
-# by `_safe_to_verify` instead, so the warning carries no information.
+# by `_safe_for_sympy` instead, so the warning carries no information.
 for _name in ("math_verify.parser", "math_verify.grader"):
   logging.getLogger(_name).setLevel(logging.ERROR)
 
