@@ -49,9 +49,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.max_new_tokens = 24   # per-turn cap on sampled tokens
   c.rollout.max_prefill_length = 64  # longest prompt / observation chunk
   c.rollout.queue_size = 64       # bounded trajectory queue (backpressure)
-  c.rollout.source = "thread"     # "thread": engine in this process; "grpc": rollout.hosts
-  c.rollout.hosts = ""            # "host:rl_port,..." of `python -m sao_jax.rollout.host` (grpc)
-  c.rollout.weights_dir = ""      # grpc: publish weights to this shared path instead of gRPC
   c.rollout.kv_on_update = "keep" # weight update mid-rollout: "keep" stale KV or "recompute"
   c.rollout.staleness_policy = "none"  # "none" | "admission" | "drop" | "admission+drop"
   c.rollout.max_staleness = 4     # eta: bound on policy_version lag under a staleness policy
@@ -67,8 +64,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                                   # naive_gae | step_gae_mean | step_gae_last | grpo | grpo_no_std |
                                   # running_mean_prompt | running_mean_global
   c.train.group_size = 8          # G rollouts per prompt in the grpo modes (batch_size % G == 0)
-  c.train.max_staleness = -1      # drop trajectories (grpo: whole groups) sampled more than this
-                                  # many policy versions ago; -1 = keep everything
   c.train.num_steps = 100         # policy steps (policy_version increases by one per step)
   c.train.batch_size = 32         # trajectories per policy step (paper: 128), one per prompt
   c.train.policy_lr = 3e-4        # policy learning rate (paper: 1e-6 for a 30B model)
@@ -79,7 +74,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.freeze_critic_attention = True  # critic trains only MLP, norms, embeddings, value head
   # regexes over critic param paths frozen when freeze_critic_attention (e.g. add r"/mlp/router/",
   # r"backbone/embed/", r"_norm/" to freeze the MoE router, embeddings, norms too)
-  c.train.critic_frozen_patterns = (r"/attn/",)
+  c.train.critic_frozen_patterns = (r"/attn/",)  # critic params frozen when freeze_critic_attention
   c.train.eps_low = 0.3           # DIS band: keep tokens with 1-eps_low < ratio < 1+eps_high
   c.train.eps_high = 5.0          # DIS band upper half-width (paper: 5.0 math/tool, 3.0 coding)
   c.train.gamma = 1.0             # discount

@@ -30,6 +30,7 @@ from flax import nnx
 
 from sao_jax.models.transformer import Critic, ModelConfig, Transformer
 from sao_jax.rollout.engine import SAOEngine
+from sao_jax.rollout import staleness
 from sao_jax.rollout.sync import TrajectoryQueue, WeightStore
 from sao_jax.rollout.worker import RolloutWorker, generate_trajectories
 from sao_jax.train import sft as sft_lib
@@ -237,7 +238,13 @@ def run(config) -> dict[str, Any]:
   if spec.synchronous:
     problems = gate = modes.GatedProblems(problems)
     gate.release(tcfg.batch_size)
-  max_staleness = tcfg.get("max_staleness", -1)
+  # staleness control (rollout/staleness.py): AReaL admission and/or GLM-5 drop-on-arrival
+  policy = config.rollout.get("staleness_policy", "none")
+  eta = config.rollout.get("max_staleness", -1)
+  staleness.check_policy(policy, eta)
+  drop_eta = eta if "drop" in policy else -1
+  admission = (staleness.AdmissionControl(eta, tcfg.batch_size)
+               if "admission" in policy else None)
   collector = modes.GroupCollector(spec.group_size)
   dropped = [0]
   worker = RolloutWorker(engine, env, problems,
@@ -245,12 +252,14 @@ def run(config) -> dict[str, Any]:
                          max_new_tokens=config.rollout.max_new_tokens,
                          max_seq_len=config.model.max_seq_len,
                          seed=resume_lib.step_seed(config.seed, start_step) if start_step
-                         else config.seed)
+                         else config.seed,
+                         kv_on_update=config.rollout.get("kv_on_update", "keep"),
+                         admission=admission)
   thread = None if lockstep else worker.start_thread(stop)
 
   def take(n: int, step: int = 0):
     """n trajectories (whole groups in the grpo modes), dropping units staler than
-    train.max_staleness versions; records the consumed prompts in the ledger."""
+    rollout.max_staleness versions (drop policies); records the consumed prompts in the ledger."""
     out, waited, ages = [], 0.0, []
     t0 = time.perf_counter()
     if lockstep:  # [reliability] deterministic rollout, see train/resume.py
@@ -273,8 +282,10 @@ def run(config) -> dict[str, Any]:
         continue
       ages.append(age)
       for unit in (collector.add(traj) if spec.group_size > 1 else [[traj]]):
-        if modes.too_stale(unit, version, max_staleness):
+        if modes.too_stale(unit, version, drop_eta):
           dropped[0] += len(unit)
+          for _ in unit if admission is not None else ():
+            admission.revoke()  # dropped work frees its admission place
         else:
           out.extend(unit)
     # one ledger entry per prompt: a group's members carry "<prompt id>#g<ordinal>"

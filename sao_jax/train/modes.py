@@ -19,6 +19,7 @@ import dataclasses
 import threading
 from typing import Iterator, Optional, Sequence
 
+from sao_jax.rollout import staleness
 from sao_jax.rollout.trajectory import Trajectory
 from sao_jax.train.steps import CRITIC_ESTIMATORS
 
@@ -138,9 +139,9 @@ class GroupCollector:
 
 
 def too_stale(trajs: Sequence[Trajectory], version: int, max_staleness: Optional[int]) -> bool:
-  """True if any action token of ``trajs`` was sampled more than ``max_staleness`` policy
-  versions before ``version`` (None or < 0: never)."""
+  """True if any action token of ``trajs`` (a group, or one trajectory) was sampled more than
+  ``max_staleness`` policy versions before ``version`` (None or < 0: never). The per-trajectory
+  rule is ``rollout.staleness.is_too_stale`` (GLM-5 drop-on-arrival)."""
   if max_staleness is None or max_staleness < 0:
     return False
-  oldest = min((t.oldest_version() for t in trajs if t.num_action_tokens), default=version)
-  return version - oldest > max_staleness
+  return any(staleness.is_too_stale(t, version, max_staleness) for t in trajs)
