@@ -223,7 +223,8 @@ def main(argv):
   from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel
   from sao_jax.envs.math_env import MathEnv  # pylint: disable=import-outside-toplevel
   if FLAGS.benchmark:
-    path = FLAGS.benchmark if os.sep in FLAGS.benchmark else jsonl.packaged_path(FLAGS.benchmark)
+    path = (FLAGS.benchmark if os.path.exists(FLAGS.benchmark) or os.sep in FLAGS.benchmark
+            else jsonl.packaged_path(FLAGS.benchmark))
     problems = jsonl.load_math_problems(path)
     tok = CharTokenizer()
     env, stop_ids, name = MathEnv(tok), (tok.eos_id,), os.path.splitext(os.path.basename(path))[0]

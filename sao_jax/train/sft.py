@@ -26,9 +26,10 @@ def pad_demos(demos: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int,
 
 
 def train_sft(graphdef, params, demos, *, pad_id: int, steps_: int, batch_size: int, lr: float,
-              seed: int = 0, log_every: int = 0, log=print):
+              seed: int = 0, log_every: int = 0, log=print, on_step=None):
   """Runs ``steps_`` Adam steps of masked next-token cross-entropy on ``demos``.
 
+  ``on_step(i)`` (optional) is called after step i (1-based), e.g. to advance a progress bar.
   Returns (params, last_loss)."""
   data = pad_demos(demos, pad_id)
   tx = optim.make_optimizer(params, lr=lr, warmup_steps=min(50, steps_ // 10))
@@ -40,6 +41,8 @@ def train_sft(graphdef, params, demos, *, pad_id: int, steps_: int, batch_size: 
   for i in range(steps_):
     idx = rng.integers(0, n, batch_size)
     state, metrics = step_fn(state, {k: jnp.asarray(v[idx]) for k, v in data.items()})
+    if on_step is not None:
+      on_step(i + 1)
     if log_every and (i + 1) % log_every == 0:
       loss = float(metrics["sft_loss"])
       log(f"sft step {i + 1}/{steps_}  loss {loss:.4f}")
