@@ -17,11 +17,22 @@ from flax import nnx
 
 from sao_jax.models.transformer import Attention, Critic, ModelConfig, RMSNorm, Transformer
 from sao_jax.models.transformer import default_positions
+from sao_jax.train.optim import param_path
+from sao_jax.train.sao import SAOConfig
 from sao_jax.train.steps import token_logprobs
 
 CFG = ModelConfig(vocab_size=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16,
                   d_ff=128, max_seq_len=32)
 N_EXPERTS, TOP_K = 4, 2
+# SAO settings of the multi-host test (learning rates large enough to move params visibly)
+SAO_CFG = SAOConfig(policy_lr=1e-4, critic_lr=1e-4, critic_lr_warmup_steps=0, batch_length=32)
+STEPS = 3
+
+
+def flat(tree, prefix: str) -> dict[str, np.ndarray]:
+  """{"prefix/layers/0/attn/q_proj/kernel": array, ...} of a params pytree."""
+  return {f"{prefix}/{param_path(p)}": np.asarray(x)
+          for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
 class MoEMLP(nnx.Module):
@@ -134,3 +145,18 @@ def max_abs_diff(a, b) -> float:
   diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64)
                                                          - np.asarray(y, np.float64)))), a, b)
   return max(jax.tree.leaves(diffs))
+
+
+def make_trajectories(batch: dict[str, np.ndarray]):
+  """The rows of a ``make_batch`` batch as ``Trajectory`` records (padding cut off), so that
+  ``collate(..., pad_id=0, length=T)`` gives the batch back."""
+  from sao_jax.rollout.trajectory import Trajectory  # pylint: disable=import-outside-toplevel
+  out = []
+  for i in range(len(batch["tokens"])):
+    act = np.nonzero(batch["action_mask"][i])[0]
+    n = int(act[-1]) + 1 if act.size else 8
+    out.append(Trajectory(
+        problem_id=str(i), tokens=batch["tokens"][i, :n], action_mask=batch["action_mask"][i, :n],
+        logprobs=batch["rollout_logprobs"][i, :n], policy_version=batch["policy_version"][i, :n],
+        reward=float(batch["rewards"][i, act[-1]]) if act.size else 0.0))
+  return out

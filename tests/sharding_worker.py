@@ -48,19 +48,31 @@ def _fractions(tree, n_devices):
   return max(per_dev.values()) / total
 
 
+_REFERENCE = {}
+
+
+def reference(moe):
+  """Single-device reference (no shardings, no micro-batches), computed once per model."""
+  if moe not in _REFERENCE:
+    pg, pp, cg, cp = H.make_models(moe=moe)
+    ptx, ctx = _txs(pp, cp)
+    host = H.make_batch(pg, pp, rows=16)
+    batch = _critic_batch(cg, cp, {k: jnp.asarray(v) for k, v in host.items()})
+    pol_ref = steps.make_policy_step(pg, ptx, eps_low=EPS_LOW, eps_high=EPS_HIGH)
+    cri_ref = steps.make_critic_step(cg, ctx)
+    copy = lambda t: jax.tree.map(jnp.copy, t)  # the steps donate their state
+    p_ref, pm_ref = pol_ref(steps.TrainState.create(copy(pp), ptx), batch)
+    c_ref, cm_ref = cri_ref(steps.TrainState.create(copy(cp), ctx), batch)
+    _REFERENCE[moe] = (batch, p_ref, pm_ref, c_ref, cm_ref)
+  return _REFERENCE[moe]
+
+
 def run_layout(name, shape, moe, microbatches):
   pg, pp, cg, cp = H.make_models(moe=moe)
   ptx, ctx = _txs(pp, cp)
   host = H.make_batch(pg, pp, rows=16)
   host2 = H.make_batch(pg, pp, rows=16, seed=1)
-
-  # single-device reference (no shardings, no micro-batches)
-  batch = _critic_batch(cg, cp, {k: jnp.asarray(v) for k, v in host.items()})
-  pol_ref = steps.make_policy_step(pg, ptx, eps_low=EPS_LOW, eps_high=EPS_HIGH)
-  cri_ref = steps.make_critic_step(cg, ctx)
-  copy = lambda t: jax.tree.map(jnp.copy, t)  # the steps donate their state
-  p_ref, pm_ref = pol_ref(steps.TrainState.create(copy(pp), ptx), batch)
-  c_ref, cm_ref = cri_ref(steps.TrainState.create(copy(cp), ctx), batch)
+  batch, p_ref, pm_ref, c_ref, cm_ref = reference(moe)
 
   mesh = sharding.make_mesh(shape)
   psh = sharding.make_step_shardings(mesh, pp, ptx)
@@ -82,6 +94,9 @@ def run_layout(name, shape, moe, microbatches):
       "value_loss": float(cm["value_loss"]), "value_loss_ref": float(cm_ref["value_loss"]),
       "masked_fraction": float(pm["masked_fraction"]),
       "masked_fraction_ref": float(pm_ref["masked_fraction"]),
+      "grad_norm": float(pm["policy_grad_norm"]), "grad_norm_ref": float(pm_ref["policy_grad_norm"]),
+      "critic_grad_norm": float(cm["critic_grad_norm"]),
+      "critic_grad_norm_ref": float(cm_ref["critic_grad_norm"]),
       "advantages_diff": H.max_abs_diff(sb["advantages"], batch["advantages"]),
       "policy_params_diff": H.max_abs_diff(p_state.params, p_ref.params),
       "policy_opt_diff": H.max_abs_diff(p_state.opt_state, p_ref.opt_state),
@@ -154,10 +169,11 @@ def restore(ckpt_dir, shape_json, out_path):
   state = ck.restore(target)
   ck.close()
   tr.policy, tr.critic = state["policy"], state["critic"]
+  restored_step = int(tr.policy.step)
   spec = str(tr.policy.params["layers"][0]["mlp"]["gate_proj"]["kernel"].sharding.spec)
   after = _run_steps(tr, pg, pp, [12, 13], 2)
   json.dump({"losses": after, "devices": jax.device_count(), "spec": spec,
-             "step": int(tr.policy.step),
+             "restored_step": restored_step,
              "params": np.asarray(tr.policy.params["embed"]["embedding"]).tolist()},
             open(out_path, "w"))
 
