@@ -24,8 +24,10 @@ from sao_jax.train.steps import token_logprobs
 CFG = ModelConfig(vocab_size=64, d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16,
                   d_ff=128, max_seq_len=32)
 N_EXPERTS, TOP_K = 4, 2
-# SAO settings of the multi-host test (learning rates large enough to move params visibly)
-SAO_CFG = SAOConfig(policy_lr=1e-4, critic_lr=1e-4, critic_lr_warmup_steps=0, batch_length=32)
+# SAO settings of the multi-host test (default AdamW eps 1e-8; lr 1e-5 moves the params by
+# ~3e-5 in 3 steps while Adam's amplification of float32 noise on near-zero gradients stays
+# below 1e-5)
+SAO_CFG = SAOConfig(policy_lr=1e-5, critic_lr=1e-5, critic_lr_warmup_steps=0, batch_length=32)
 STEPS = 3
 
 

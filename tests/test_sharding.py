@@ -166,7 +166,7 @@ def test_sharded_steps_match_single_device(layouts, layout):
   assert r["critic_grad_norm"] == pytest.approx(r["critic_grad_norm_ref"], rel=1e-5)
   assert r["advantages_diff"] <= TOL
   # the update moved the params by ~lr, and sharded == single device within 1e-5
-  assert r["policy_update_max"] > 5e-5
+  assert r["policy_update_max"] > 5e-4
   for key in ("policy_params_diff", "critic_params_diff", "policy_opt_diff", "critic_opt_diff"):
     assert r[key] <= TOL, (key, r[key])
   # no recompilation over 3 steps (2 more on new data)
@@ -244,7 +244,8 @@ def test_two_processes_match_one(tmp_path):
   # one process, one device, the plain SAOTrainer on the same global batches
   SAO_CFG, STEPS, flat = H.SAO_CFG, H.STEPS, H.flat
   pg, pp, cg, cp = H.make_models()
-  ref = SAOTrainer(SAO_CFG, pg, pp, cg, cp, pad_id=0)
+  copy = lambda t: jax.tree.map(jnp.copy, t)  # SAOTrainer's steps donate the params
+  ref = SAOTrainer(SAO_CFG, pg, copy(pp), cg, copy(cp), pad_id=0)
   losses = []
   for s in range(STEPS):
     m = ref.step(H.make_trajectories(H.make_batch(pg, pp, rows=16, seed=20 + s, version=s)),
@@ -256,4 +257,4 @@ def test_two_processes_match_one(tmp_path):
   for k, v in expected.items():
     np.testing.assert_allclose(got[k], v, atol=TOL, rtol=0, err_msg=k)
   assert np.abs(expected["policy/embed/embedding"] - np.asarray(pp["embed"]["embedding"])).max() \
-      > 1e-4  # 3 steps really moved the params
+      > 2e-5  # 3 steps really moved the params

@@ -116,6 +116,23 @@ def pad_rows(batch: Mapping[str, np.ndarray], rows: int, pad_id: int) -> dict[st
           for k, v in batch.items()}
 
 
+def parse_mesh_shape(text: str) -> dict[str, int]:
+  """"data=1,fsdp=-1" -> {"data": 1, "fsdp": -1} (the ``mesh.shape`` config string).
+
+  Raises ValueError naming ``mesh.shape`` on a malformed entry."""
+  out = {}
+  for part in filter(None, (p.strip() for p in text.split(","))):
+    name, eq, size = part.partition("=")
+    try:
+      out[name.strip()] = int(size)
+    except ValueError:
+      eq = ""
+    if not eq or not name.strip():
+      raise ValueError(f"mesh.shape={text!r}: entries look like 'fsdp=8' or 'data=-1', "
+                       "separated by commas.")
+  return out
+
+
 def process_rows(batch_sharding: NamedSharding, rows: int) -> np.ndarray:
   """Global row indices this process must feed for a batch of ``rows`` rows laid out with
   ``batch_sharding`` (sorted; contiguous for the usual process-major meshes)."""
@@ -179,7 +196,7 @@ class ShardedSAOTrainer:
     self.batch_size = batch_size
     self.rows, self.microbatches = microbatch_plan(
         batch_size, cfg.batch_length, tokens_per_device, sharding.batch_shards(mesh, rules))
-    if self.rows % jax.process_count():
+    if self.rows % jax.process_count() or batch_size % jax.process_count():
       raise ValueError(f"{self.rows} batch rows do not split over {jax.process_count()} "
                        "processes; change train.batch_size or the mesh.")
     self.policy_tx = optim.make_optimizer(policy_params, lr=cfg.policy_lr,
@@ -254,6 +271,29 @@ class ShardedSAOTrainer:
     """One SAO policy step on this process's trajectories (all processes call it together)."""
     return self.step_on_batch(self.batch(local_trajectories), policy_version)
 
+  @property
+  def local_batch_size(self) -> int:
+    """Trajectories each process contributes to one step (``batch_size / process_count``)."""
+    return self.batch_size // jax.process_count()
+
+  def critic_only_step(self, local_trajectories: Sequence[Trajectory]) -> dict:
+    """Critic warm-up: K value updates on this step's rollouts, no policy update."""
+    batch = self.batch(local_trajectories)
+    batch.update(self._adv(self.critic.params, batch))
+    metrics = {}
+    for _ in range(self.cfg.critic_updates_per_step):
+      self.critic, metrics = self._critic_step(self.critic, batch)
+    metrics = dict(metrics, explained_variance=self._metrics(batch, jnp.int32(0))[
+        "explained_variance"])
+    return {k: float(v) for k, v in metrics.items()}
+
+  def policy_params_copy(self):
+    """The full policy params on this process's default device (for the rollout engine and
+    evaluation): gathered from every process's shards."""
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    host = multihost_utils.process_allgather(self.policy.params, tiled=True)
+    return jax.tree.map(jnp.asarray, host)
+
   def compilations(self) -> dict[str, int]:
     """Compiled executables held by each jitted step (1 each once warm: no recompiles)."""
     fns = {"advantages": self._adv, "critic_step": self._critic_step,
@@ -277,3 +317,19 @@ def _batch_metrics(batch, policy_version):
       "advantage_std": jnp.sqrt(jnp.where(mask, (adv - adv_mean) ** 2, 0.0).sum() / n),
       "action_tokens": mask.sum().astype(jnp.float32),
   }
+
+
+def make_trainer(mesh_cfg, sao_cfg: SAOConfig, policy_graphdef, policy_params, critic_graphdef,
+                 critic_params, pad_id: int, batch_size: int):
+  """The trainer the config asks for: ``SAOTrainer`` when ``mesh.shape`` is empty (one device,
+  unchanged behaviour), else a ``ShardedSAOTrainer`` on ``make_mesh(parse_mesh_shape(...))``
+  with ``mesh.tokens_per_device`` as the micro-batch budget."""
+  shape = parse_mesh_shape((mesh_cfg or {}).get("shape", "") or "")
+  if not shape:
+    from sao_jax.train.sao import SAOTrainer  # pylint: disable=import-outside-toplevel
+    return SAOTrainer(sao_cfg, policy_graphdef, policy_params, critic_graphdef, critic_params,
+                      pad_id=pad_id)
+  return ShardedSAOTrainer(sao_cfg, policy_graphdef, policy_params, critic_graphdef,
+                           critic_params, pad_id, sharding.make_mesh(shape),
+                           batch_size=batch_size,
+                           tokens_per_device=int((mesh_cfg or {}).get("tokens_per_device", 0)))

@@ -25,10 +25,10 @@ from sao_jax.models.transformer import Critic, ModelConfig, Transformer
 from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.sync import TrajectoryQueue, WeightStore
 from sao_jax.rollout.worker import RolloutWorker, generate_trajectories
+from sao_jax.train import distributed
 from sao_jax.train import sft as sft_lib
 from sao_jax.train.checkpoint import Checkpointer, load_policy_params
-from sao_jax.train.metrics import MetricLogger
-from sao_jax.train.sao import SAOConfig, SAOTrainer
+from sao_jax.train.sao import SAOConfig
 from sao_jax import tasks
 
 CONSOLE_KEYS = ("reward_mean", "eval_accuracy", "masked_fraction", "ratio_max", "value_loss",
@@ -77,6 +77,7 @@ def _cycle(problems, seed):
 def run(config) -> dict[str, Any]:
   """Runs the whole job described by ``config``; returns a summary dict (also written to CSV)."""
   t_job = time.time()
+  distributed.initialize(config.get("distributed"))  # no-op without a coordinator address
   if not config.model.checkpoint_dir and not config.get("allow_random_init", False):
     raise ValueError("this config starts RL from a trained policy: set "
                      "--config.model.checkpoint_dir=<sao_jax checkpoint folder> "
@@ -129,16 +130,20 @@ def run(config) -> dict[str, Any]:
                       freeze_critic_attention=tcfg.freeze_critic_attention,
                       temperature=config.rollout.temperature,
                       batch_length=config.model.max_seq_len)
-  trainer = SAOTrainer(sao_cfg, policy_graphdef, policy_params, critic_graphdef, critic_params,
-                       pad_id=task.tokenizer.pad_id)
-  logger = MetricLogger(run_dir, console_keys=CONSOLE_KEYS, tensorboard=config.log.tensorboard)
+  trainer = distributed.make_trainer(config.get("mesh"), sao_cfg, policy_graphdef, policy_params,
+                                     critic_graphdef, critic_params, task.tokenizer.pad_id,
+                                     tcfg.batch_size)
+  local_batch = getattr(trainer, "local_batch_size", tcfg.batch_size)  # per process
+  logger = distributed.main_process_logger(run_dir, console_keys=CONSOLE_KEYS,
+                                           tensorboard=config.log.tensorboard)
   ckpt = Checkpointer(os.path.join(run_dir, "checkpoints")) if config.checkpoint.every_steps else None
 
   # ---- asynchronous rollout ---------------------------------------------------------------------
   weights = WeightStore(trainer.policy_params_copy(), version=0)
   traj_queue = TrajectoryQueue(config.rollout.queue_size)
   stop = threading.Event()
-  worker = RolloutWorker(engine, task.env, _cycle(task.train_problems, config.seed),
+  worker = RolloutWorker(engine, task.env,
+                         _cycle(task.train_problems, config.seed + jax.process_index()),
                          lambda t: traj_queue.put(t, stop), weights, stop_ids=task.stop_ids,
                          max_new_tokens=config.rollout.max_new_tokens,
                          max_seq_len=config.model.max_seq_len, seed=config.seed)
@@ -164,12 +169,12 @@ def run(config) -> dict[str, Any]:
   history = []
   try:
     for i in range(tcfg.critic_warmup_steps):
-      trajs, _, _ = take(tcfg.batch_size)
+      trajs, _, _ = take(local_batch)
       m = trainer.critic_only_step(trajs)
       logger.log(i, m, prefix="critic_warmup/")
     last_tokens, last_time = worker.stats.tokens_sampled, time.time()
     for step in range(1, tcfg.num_steps + 1):
-      trajs, wait_s, queue_age = take(tcfg.batch_size)
+      trajs, wait_s, queue_age = take(local_batch)
       t0 = time.perf_counter()
       metrics = trainer.step(trajs, policy_version=version)
       version += 1
@@ -187,7 +192,7 @@ def run(config) -> dict[str, Any]:
           policy_version=version, elapsed_s=now - t_job)
       last_tokens, last_time = tokens, now
       if config.eval.every_steps and step % config.eval.every_steps == 0 and step < tcfg.num_steps:
-        ev = evaluate(eval_engine, task, trainer.policy.params,
+        ev = evaluate(eval_engine, task, trainer.policy_params_copy(),
                       task.eval_problems[:config.eval.periodic_problems], config, version)
         metrics["eval_accuracy"] = ev["accuracy"]
         metrics["eval_tool_use"] = ev["tool_use"]
@@ -207,7 +212,8 @@ def run(config) -> dict[str, Any]:
     ckpt.close()
 
   t0 = time.time()
-  after = evaluate(eval_engine, task, trainer.policy.params, task.eval_problems, config, version)
+  after = evaluate(eval_engine, task, trainer.policy_params_copy(), task.eval_problems, config,
+                   version)
   print(f"eval after SAO: accuracy {after['accuracy']:.3f} ({time.time() - t0:.1f}s)", flush=True)
   logger.log(tcfg.num_steps, {"eval_accuracy": after["accuracy"], "eval_tool_use": after["tool_use"]},
              prefix="final/")
@@ -224,8 +230,9 @@ def run(config) -> dict[str, Any]:
       "steps_with_stale_tokens": int(sum(h["staleness_max"] > 0 for h in history)),
       "wall_s": time.time() - t_job, "metrics_csv": csv_path,
   }
-  write_summary(os.path.join(run_dir, "results.csv"), summary)
-  print_table(summary)
+  if distributed.is_main_process():
+    write_summary(os.path.join(run_dir, "results.csv"), summary)
+    print_table(summary)
   return summary
 
 
