@@ -11,7 +11,6 @@ together (``sao_jax.train.checkpoint.Checkpointer`` on sharded states).
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Mapping, Optional, Sequence
 
