@@ -1,8 +1,8 @@
 """Subprocess worker of tests/test_sharding.py (needs XLA_FLAGS set before JAX starts).
 
-``python tests/sharding_worker.py layouts OUT.json``: for each mesh layout, one policy step and
-one critic step sharded vs on one device; writes losses, max abs diffs, per-device byte
-fractions and compile counts.
+``python tests/sharding_worker.py layouts OUT.json [DIR SAVE.json]``: for each mesh layout, one
+policy step and one critic step sharded vs on one device; writes losses, max abs diffs,
+per-device byte fractions and compile counts (then, with DIR, the ``save`` run below in the same process).
 
 ``python tests/sharding_worker.py save DIR OUT.json`` (8 devices, fsdp=8): 2 steps, orbax save,
 then 2 more steps, recording their losses. ``python tests/sharding_worker.py restore DIR
@@ -184,8 +184,10 @@ def restore(ckpt_dir, shape_json, out_path):
 
 if __name__ == "__main__":
   mode = sys.argv[1]
-  if mode == "layouts":
+  if mode == "layouts":  # layouts OUT.json [CKPT_DIR SAVE.json]
     layouts(sys.argv[2])
+    if len(sys.argv) > 3:
+      save(sys.argv[3], sys.argv[4])
   elif mode == "save":
     save(sys.argv[2], sys.argv[3])
   elif mode == "restore":

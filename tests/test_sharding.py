@@ -141,17 +141,24 @@ def test_gradient_accumulation_matches_one_pass():
   assert H.max_abs_diff(p4.opt_state, p1.opt_state) < 1e-7  # raw gradient moments
   assert H.max_abs_diff(p4.params, p1.params) <= TOL
   assert H.max_abs_diff(c4.params, c1.params) <= TOL
-  with pytest.raises(ValueError, match="train.microbatches"):
+  with pytest.raises(ValueError, match="microbatches=3"):
     steps.split_microbatches(batch, 3)
 
 
 # ---- subprocesses: 8 devices -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def layouts(tmp_path_factory):
-  out = tmp_path_factory.mktemp("layouts") / "layouts.json"
-  _run([os.path.join(TESTS, "sharding_worker.py"), "layouts", str(out)], devices=8)
-  return {r["layout"]: r for r in json.load(open(out))}
+def eight_devices(tmp_path_factory):
+  """One 8-device subprocess: the three layouts, then the fsdp=8 run that saves a checkpoint."""
+  d = tmp_path_factory.mktemp("eight")
+  _run([os.path.join(TESTS, "sharding_worker.py"), "layouts", str(d / "layouts.json"),
+        str(d / "ck"), str(d / "save.json")], devices=8)
+  return d
+
+
+@pytest.fixture(scope="module")
+def layouts(eight_devices):
+  return {r["layout"]: r for r in json.load(open(eight_devices / "layouts.json"))}
 
 
 @pytest.mark.parametrize("layout", ["data=8", "fsdp=8 (2 micro-batches)",
@@ -194,11 +201,11 @@ def test_moe_experts_sharded_over_expert_fsdp_tensor(layouts):
       "P('expert', 'fsdp', 'tensor')"
 
 
-def test_checkpoint_restores_into_other_meshes(tmp_path):
-  ck = str(tmp_path / "ck")
-  _run([os.path.join(TESTS, "sharding_worker.py"), "save", ck, str(tmp_path / "save.json")],
-       devices=8)
-  saved = json.load(open(tmp_path / "save.json"))
+def test_checkpoint_restores_into_other_meshes(eight_devices, tmp_path):
+  """Saved on 8 devices as fsdp=8 after 2 SAO steps; restored on 4 (fsdp=2 x tensor=2) and on
+  1 device, the next 2 steps give the losses and params of the run that kept going on 8."""
+  ck = str(eight_devices / "ck")
+  saved = json.load(open(eight_devices / "save.json"))
   procs = {}
   for devices, shape in ((4, '{"fsdp": 2, "tensor": 2}'), (1, '{"fsdp": -1}')):
     out = tmp_path / f"restore{devices}.json"

@@ -73,8 +73,9 @@ def split_microbatches(batch, microbatches: int):
   def split(x):
     b = x.shape[0]
     if b % microbatches:
-      raise ValueError(f"batch of {b} rows does not split into train.microbatches="
-                       f"{microbatches}; pad the batch (sao_jax.train.distributed.pad_rows).")
+      raise ValueError(f"batch of {b} rows does not split into microbatches={microbatches} "
+                       "(planned from mesh.tokens_per_device); pad the batch with "
+                       "sao_jax.train.distributed.pad_rows.")
     x = x.reshape((b // microbatches, microbatches) + x.shape[1:])
     return jnp.swapaxes(x, 0, 1)
   return jax.tree.map(split, batch)
