@@ -53,6 +53,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.eval.every_steps = 50
   c.eval.periodic_problems = 30
   c.checkpoint.every_steps = 50
+  c.mesh.shape = "fsdp=-1"            # FSDP over every device (1 CPU ... a pod): no code change
+  c.mesh.tokens_per_device = 8192     # micro-batches of 2 x 4096-token rows per device
 
   if variant == "smoke":
     c.run_dir = "runs/aime_smoke"

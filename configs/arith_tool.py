@@ -106,6 +106,16 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.checkpoint.max_to_keep = 2    # newest complete checkpoints kept
   c.checkpoint.resume = True      # continue from the latest complete checkpoint in run_dir
 
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.shape = ""               # e.g. "data=1,fsdp=-1" (-1 = remaining devices); "" = one device
+  c.mesh.tokens_per_device = 0    # padded tokens per device per micro-batch (0 = no accumulation)
+
+  c.distributed = ml_collections.ConfigDict()  # jax.distributed (or env JAX_COORDINATOR_ADDRESS...)
+  c.distributed.coordinator_address = ""  # "host:port" of process 0; "" = single process
+  c.distributed.num_processes = -1        # processes in the job (-1 = from the environment)
+  c.distributed.process_id = -1           # this process (-1 = from the environment)
+  c.distributed.cpu_collectives = "gloo"  # CPU cross-process collectives
+
   c.log = ml_collections.ConfigDict()
   c.log.tensorboard = True        # TensorBoard event files under run_dir/tb
   c.log.progress = "auto"         # "auto" (bar on a terminal, plain lines otherwise), "bar", "lines", "off"

@@ -121,6 +121,34 @@ def _rules(flat: dict, num_devices: int) -> list[tuple[str, Callable[[Any], bool
   return r
 
 
+def _mesh_problems(config, flat, num_devices: int) -> list[str]:
+  """``mesh.shape`` ("data=1,fsdp=-1"; -1 = the remaining devices) against the machine."""
+  from sao_jax.train.distributed import parse_mesh_shape  # pylint: disable=import-outside-toplevel
+  text = (config.get("mesh") or {}).get("shape", "") or ""
+  try:
+    shape = parse_mesh_shape(text)
+  except ValueError as e:
+    return [f"config.mesh.shape = {text!r}: {e}"]
+  if not shape:
+    return []
+  auto = [a for a, v in shape.items() if v == -1]
+  bad = [a for a, v in shape.items() if v == 0 or v < -1]
+  if bad or len(auto) > 1:
+    return [f"config.mesh.shape = {text!r}: axis sizes must be >= 1, with at most one -1; "
+            f"fix: e.g. 'fsdp=-1' or 'data=2,fsdp=4'"]
+  fixed = math.prod(v for v in shape.values() if v > 0)
+  if fixed > num_devices or (auto and num_devices % fixed) or (not auto and fixed > num_devices):
+    return [f"config.mesh.shape = {text!r}: needs {fixed} devices (times the -1 axis) but this "
+            f"machine has {num_devices}; fix: shrink the mesh axes so their product divides "
+            f"{num_devices}"]
+  sizes = {a: (num_devices // fixed if v == -1 else v) for a, v in shape.items()}
+  data = sizes.get("data", 1) * sizes.get("fsdp", 1)
+  if "train.batch_size" in flat and flat["train.batch_size"] % data:
+    return [f"config.train.batch_size = {flat['train.batch_size']}: must be divisible by the "
+            f"mesh's data x fsdp size ({data}); fix: use a multiple of {data}"]
+  return []
+
+
 def validate_config(config, num_devices: Optional[int] = None) -> None:
   """Raises ``ConfigError`` listing every unknown key, wrong type and impossible value.
 
@@ -158,17 +186,7 @@ def validate_config(config, num_devices: Optional[int] = None) -> None:
         good = False
       if not good:
         problems.append(f"config.{field} = {flat[field]!r}: {what}; fix: {fix}")
-  mesh = flat.get("mesh")
-  if isinstance(mesh, dict) and mesh:
-    size = math.prod(int(s) for s in mesh.values())
-    if size > num_devices:
-      problems.append(f"config.mesh = {dict(mesh)}: needs {size} devices but this machine has "
-                      f"{num_devices}; fix: shrink the mesh axes so their product is <= "
-                      f"{num_devices}")
-    data = math.prod(int(mesh.get(a, 1)) for a in ("data", "fsdp"))
-    if "train.batch_size" in flat and flat["train.batch_size"] % data:
-      problems.append(f"config.train.batch_size = {flat['train.batch_size']}: must be divisible "
-                      f"by the mesh's data x fsdp size ({data}); fix: use a multiple of {data}")
+  problems.extend(_mesh_problems(config, flat, num_devices))
   model = config.get("model", {})
   if (not model.get("checkpoint_dir") and not model.get("gguf", "")
       and not config.get("allow_random_init", False)):

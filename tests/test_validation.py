@@ -67,10 +67,19 @@ def test_unknown_keys_and_wrong_types_are_all_listed_in_one_error():
 
 def test_mesh_larger_than_the_machine():
   c = _config()
-  c.mesh = ml_collections.ConfigDict({"data": 4, "fsdp": 4})
+  c.mesh.shape = "data=4,fsdp=4"
   with pytest.raises(ConfigError) as ei:
     validate_config(c, num_devices=8)
-  assert "config.mesh = {'data': 4, 'fsdp': 4}: needs 16 devices but this machine has 8" in str(ei.value)
+  assert "config.mesh.shape = 'data=4,fsdp=4': needs 16 devices" in str(ei.value)
+  c.mesh.shape = "fsdp=-1"  # every device: fine on 8, batch 32 divides
+  validate_config(c, num_devices=8)
+  c.mesh.shape = "fsdp=three"
+  with pytest.raises(ConfigError, match="entries look like 'fsdp=8'"):
+    validate_config(c, num_devices=8)
+  c.mesh.shape = "data=-1"
+  c.train.batch_size = 12
+  with pytest.raises(ConfigError, match="must be divisible by the mesh's data x fsdp size"):
+    validate_config(c, num_devices=8)
 
 
 def _main(*args):

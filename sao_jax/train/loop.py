@@ -33,6 +33,7 @@ from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout import staleness
 from sao_jax.rollout.sync import TrajectoryQueue, WeightStore
 from sao_jax.rollout.worker import RolloutWorker, generate_trajectories
+from sao_jax.train import distributed
 from sao_jax.train import sft as sft_lib
 from sao_jax.train.checkpoint import Checkpointer, load_policy_params
 from sao_jax.train.metrics import MetricLogger, require_wandb
@@ -118,6 +119,7 @@ def run(config) -> dict[str, Any]:
   """Runs the whole job described by ``config``; returns a summary dict (also written to CSV)."""
   t_job = time.time()
   validate_config(config)  # [reliability] every bad field in one error, before any compilation
+  distributed.initialize(config.get("distributed"))  # no-op without a coordinator address
   run_dir = config.run_dir
   os.makedirs(run_dir, exist_ok=True)
   with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
@@ -195,16 +197,19 @@ def run(config) -> dict[str, Any]:
                                                             (r"/attn/",))),
                       temperature=config.rollout.temperature,
                       batch_length=config.model.max_seq_len, **mode_fields(tcfg))
-  trainer = SAOTrainer(sao_cfg, policy_graphdef, policy_params, critic_graphdef, critic_params,
-                       pad_id=task.tokenizer.pad_id)
+  # one device: SAOTrainer; mesh.shape set: ShardedSAOTrainer (train/distributed.py)
+  trainer = distributed.make_trainer(config.get("mesh"), sao_cfg, policy_graphdef, policy_params,
+                                     critic_graphdef, critic_params, task.tokenizer.pad_id,
+                                     tcfg.batch_size)
+  local_batch = getattr(trainer, "local_batch_size", tcfg.batch_size)  # per process
   progress = Progress(tcfg.num_steps, desc="SAO steps", mode=config.log.get("progress", "auto"))
-  logger = MetricLogger(run_dir, console_keys=CONSOLE_KEYS, tensorboard=config.log.tensorboard,
-                        stream=progress.stream,
-                        wandb_project=config.log.get("wandb_project", "") or None,
-                        wandb_config=config.to_dict())
+  logger = distributed.main_process_logger(
+      run_dir, console_keys=CONSOLE_KEYS, tensorboard=config.log.tensorboard,
+      stream=progress.stream, wandb_project=config.log.get("wandb_project", "") or None,
+      wandb_config=config.to_dict())
   ckpt = (Checkpointer(ckpt_dir, max_to_keep=config.checkpoint.get("max_to_keep", 2))
           if config.checkpoint.every_steps or resume_step is not None else None)
-  ledger = resume_lib.PromptLedger(task.train_problems, config.seed)
+  ledger = resume_lib.PromptLedger(task.train_problems, config.seed + jax.process_index())
   guard = resume_lib.NonFiniteGuard(config.train.get("max_consecutive_nonfinite", 3))
   start_step, version = 0, 0
   if resume_step is not None:  # [reliability] restore trainer, counters, data cursor
@@ -303,12 +308,12 @@ def run(config) -> dict[str, Any]:
   history = []
   try:
     for i in range(tcfg.critic_warmup_steps if spec.uses_critic and resume_step is None else 0):
-      trajs, _, _ = take(tcfg.batch_size)
+      trajs, _, _ = take(local_batch)
       m = trainer.critic_only_step(trajs)
       logger.log(i, m, prefix="critic_warmup/")
     last_tokens, last_time = worker.stats.tokens_sampled, time.time()
     for step in range(start_step + 1, tcfg.num_steps + 1):
-      trajs, wait_s, queue_age = take(tcfg.batch_size, step)
+      trajs, wait_s, queue_age = take(local_batch, step)
       t0, step_t_begin = time.perf_counter(), time.time()
       metrics = trainer.step(trajs, policy_version=version)
       resume_lib.maybe_kill("train", step)
@@ -337,7 +342,7 @@ def run(config) -> dict[str, Any]:
           dropped_stale=float(dropped[0]))
       last_tokens, last_time = tokens, now
       if config.eval.every_steps and step % config.eval.every_steps == 0 and step < tcfg.num_steps:
-        ev = evaluate(eval_engine, task, trainer.policy.params,
+        ev = evaluate(eval_engine, task, trainer.policy_params_copy(),
                       task.eval_problems[:config.eval.periodic_problems], config, version)
         metrics["eval_accuracy"] = ev["accuracy"]
         metrics["eval_tool_use"] = ev["tool_use"]
@@ -365,7 +370,8 @@ def run(config) -> dict[str, Any]:
     ckpt.close()
 
   t0 = time.time()
-  after = evaluate(eval_engine, task, trainer.policy.params, task.eval_problems, config, version)
+  after = evaluate(eval_engine, task, trainer.policy_params_copy(), task.eval_problems, config,
+                   version)
   print(f"eval after SAO: accuracy {after['accuracy']:.3f} ({time.time() - t0:.1f}s)", flush=True)
   logger.log(tcfg.num_steps, {"eval_accuracy": after["accuracy"], "eval_tool_use": after["tool_use"]},
              prefix="final/")
@@ -383,8 +389,9 @@ def run(config) -> dict[str, Any]:
       "steps_with_stale_tokens": int(sum(h["staleness_max"] > 0 for h in history)),
       "wall_s": time.time() - t_job, "metrics_csv": csv_path,
   }
-  write_summary(os.path.join(run_dir, "results.csv"), summary)
-  print_table(summary)
+  if distributed.is_main_process():
+    write_summary(os.path.join(run_dir, "results.csv"), summary)
+    print_table(summary)
   return summary
 
 

@@ -39,19 +39,21 @@ def freeze_labels(params: Any, frozen_patterns: Sequence[str]) -> Any:
 
 def make_optimizer(params: Any, *, lr: float, warmup_steps: int = 0, max_grad_norm: float = 1.0,
                    weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999,
-                   frozen_patterns: Sequence[str] = ()) -> optax.GradientTransformation:
+                   frozen_patterns: Sequence[str] = (), eps: float = 1e-8
+                   ) -> optax.GradientTransformation:
   """AdamW with linear warm-up and global-norm clipping; frozen leaves get ``set_to_zero``.
 
   Freezing uses ``optax.multi_transform`` so frozen leaves hold no Adam moments (``optax.masked``
-  would still allocate them). Gradient clipping sees only the trainable leaves. Wrapped in
-  ``optax.apply_if_finite``: a step with non-finite gradients changes nothing.
+  would still allocate them). Gradient clipping sees only the trainable leaves. ``eps`` is
+  Adam's denominator epsilon (optax default 1e-8). Wrapped in ``optax.apply_if_finite``: a step
+  with non-finite gradients changes nothing.
   """
   if lr <= 0:
     raise ValueError(f"learning rate must be > 0, got {lr}.")
   schedule = (optax.linear_schedule(0.0, lr, warmup_steps) if warmup_steps > 0
               else optax.constant_schedule(lr))
   adam = optax.chain(optax.clip_by_global_norm(max_grad_norm),
-                     optax.adamw(schedule, b1=b1, b2=b2, weight_decay=weight_decay))
+                     optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay))
   if frozen_patterns:
     labels = freeze_labels(params, frozen_patterns)
     adam = optax.multi_transform({"trainable": adam, "frozen": optax.set_to_zero()}, labels)
