@@ -25,7 +25,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c = arith_tool.get_config()
   c.run_dir = "runs/aime"
   c.task.name = "math"
-  c.task.train_file = "aime25.jsonl"  # packaged copy of ../shared/data/aime25.jsonl (30 problems)
+  c.task.train_file = "aime25.jsonl"  # packaged: sao_jax/data/files/aime25.jsonl (30 problems)
   c.task.n_eval = 30                  # evaluated on the same 30 problems (AIME is the benchmark)
   c.task.max_turns = 1
 

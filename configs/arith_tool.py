@@ -18,6 +18,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.task.n_train = 4000           # training problems (cycled in a fixed shuffled order)
   c.task.n_eval = 200             # held-out problems (disjoint from train), greedy eval
   c.task.max_turns = 3            # policy turns per trajectory (tool call, answer, ...)
+  c.task.train_file = ""          # task "math": JSONL training prompts (packaged name or a path)
+  c.task.eval_file = ""           # task "math": held-out JSONL ("" = the first n_eval train prompts)
+  c.task.system_prompt = ""       # task "math" with a chat template: system message ("" = default)
 
   c.model = ml_collections.ConfigDict()
   c.model.checkpoint_dir = ""     # policy to start from: a sao_jax orbax run checkpoint, or a
