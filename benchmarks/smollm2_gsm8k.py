@@ -40,14 +40,15 @@ def last_number(text: str):
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--n", type=int, default=100)
-  ap.add_argument("--data", default="/work/shared/data/gsm8k_test.jsonl")
+  ap.add_argument("--data", default="gsm8k_test.jsonl")  # packaged name or a path
   ap.add_argument("--max_new_tokens", type=int, default=384)
   ap.add_argument("--slots", type=int, default=50)
   ap.add_argument("--out", default="runs/smollm2_gsm8k")
   args = ap.parse_args()
   os.makedirs(args.out, exist_ok=True)
   t0 = time.time()
-  problems = jsonl.load_math_problems(args.data)[:args.n]
+  path = args.data if "/" in args.data else jsonl.packaged_path(args.data)
+  problems = jsonl.load_math_problems(path)[:args.n]
   tok = HFTokenizer.from_gguf("smollm2")
   env = ChatMathEnv(tok)
   longest = max(len(env.prompt_ids(p)) for p in problems)
