@@ -86,9 +86,10 @@ def run_mode(mode: str, overrides: dict, run_dir: str) -> dict:
 def main():
   ap = common.parser(__doc__)
   ap.add_argument("--steps", type=int, default=12)
+  ap.add_argument("--modes", default="sao,grpo_sync")
   ap.set_defaults(repeats=2)
   args = ap.parse_args()
-  steps = 2 if args.quick else args.steps
+  steps = 1 if args.quick else args.steps
   repeats = 1 if args.quick else args.repeats
   overrides = {"train.num_steps": steps, "train.batch_size": 16, "train.group_size": 8,
                "rollout.slots": 16, "sft.steps": 20, "eval.every_steps": 0,
@@ -97,7 +98,7 @@ def main():
   rows = []
   with tempfile.TemporaryDirectory() as d:
     for r in range(repeats):
-      for mode in ("sao", "grpo_sync"):
+      for mode in args.modes.split(","):
         rec = run_mode(mode, overrides, os.path.join(d, f"{mode}_{r}"))
         rows.append({k: rec[k] for k in ("mode", "steps", "rl_wall_s", "traj_per_s",
                                          "tokens_per_s_median", "trainer_idle", "engine_idle",
@@ -106,10 +107,10 @@ def main():
                        "jit caches p/c/adv": f"{rec['cache_policy']}/{rec['cache_critic']}/"
                                              f"{rec['cache_adv']}"})
   by = {m: common.median([r["traj_per_s"] for r in rows if r["mode"] == m])
-        for m in ("sao", "grpo_sync")}
+        for m in args.modes.split(",")}
+  ratio = by["sao"] / by["grpo_sync"] if len(by) == 2 else None
   common.report("pipeline", rows, args,
-                {"overrides": overrides, "median_traj_per_s": by,
-                 "sao_over_sync": by["sao"] / by["grpo_sync"]})
+                {"overrides": overrides, "median_traj_per_s": by, "sao_over_sync": ratio})
 
 
 if __name__ == "__main__":
