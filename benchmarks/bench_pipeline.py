@@ -74,6 +74,13 @@ def run_mode(mode: str, overrides: dict, run_dir: str) -> dict:
   tok_s = [s["tokens_per_s"] for s in steps]
   wall = wait + train
   n_traj = overrides["train.batch_size"] * len(steps)
+  steady = steps[1:] or steps  # step 1 includes compilation
+  s_wait = sum(s["wait_s"] for s in steady)
+  s_train = sum(s["train_s"] for s in steady)
+  rec.update(steady_traj_per_s=overrides["train.batch_size"] * len(steady) / (s_wait + s_train),
+             steady_trainer_idle=s_wait / (s_wait + s_train),
+             step_train_s_median=common.median([s["train_s"] for s in steady]),
+             step_wait_s_median=common.median([s["wait_s"] for s in steady]))
   rec.update(mode=mode, steps=len(steps), rl_wall_s=wall, wait_s=wait, train_s=train,
              traj_per_s=n_traj / wall, tokens_per_s_median=common.median(tok_s),
              trainer_idle=wait / wall,
@@ -102,15 +109,22 @@ def main():
         rec = run_mode(mode, overrides, os.path.join(d, f"{mode}_{r}"))
         rows.append({k: rec[k] for k in ("mode", "steps", "rl_wall_s", "traj_per_s",
                                          "tokens_per_s_median", "trainer_idle", "engine_idle",
+                                         "steady_traj_per_s", "steady_trainer_idle",
+                                         "step_train_s_median", "step_wait_s_median",
                                          "queue_mean", "first_step_overhead_s")}
                     | {"peak_rss_MB": rec["peak_rss"] / 2**20,
                        "jit caches p/c/adv": f"{rec['cache_policy']}/{rec['cache_critic']}/"
                                              f"{rec['cache_adv']}"})
+  steady = {m: common.median([r["steady_traj_per_s"] for r in rows if r["mode"] == m])
+            for m in args.modes.split(",")}
   by = {m: common.median([r["traj_per_s"] for r in rows if r["mode"] == m])
         for m in args.modes.split(",")}
   ratio = by["sao"] / by["grpo_sync"] if len(by) == 2 else None
   common.report("pipeline", rows, args,
-                {"overrides": overrides, "median_traj_per_s": by, "sao_over_sync": ratio})
+                {"overrides": overrides, "median_traj_per_s": by, "sao_over_sync": ratio,
+                 "steady_traj_per_s": steady,
+                 "steady_sao_over_sync": (steady["sao"] / steady["grpo_sync"]
+                                          if len(steady) == 2 else None)})
 
 
 if __name__ == "__main__":
