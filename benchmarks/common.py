@@ -1,0 +1,157 @@
+"""Shared harness for the side-by-side benchmarks in ``benchmarks/``.
+
+Every benchmark runs our code and a peer in the same process, *interleaved* (ours, peer, ours,
+peer, ...) so that load from other jobs on a shared machine hits both alike; it reports medians
+and the ratio of medians. Tables are printed as markdown and optionally written as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+
+def block(x):
+  """Waits for JAX arrays in ``x`` (any pytree); torch / NumPy results pass through."""
+  try:
+    import jax  # pylint: disable=import-outside-toplevel
+    return jax.block_until_ready(x)
+  except (ImportError, TypeError):
+    return x
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], *, warmup: int = 1,
+                     repeats: int = 5) -> dict[str, list[float]]:
+  """Calls each ``fns[name]()`` ``warmup`` times (not timed), then ``repeats`` rounds in which
+  every function runs once, in turn. Returns seconds per call: ``{name: [t_1..t_repeats]}``.
+  Each result is passed through ``block`` so asynchronous JAX dispatch is included."""
+  for _ in range(warmup):
+    for fn in fns.values():
+      block(fn())
+  times: dict[str, list[float]] = {k: [] for k in fns}
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      t0 = time.perf_counter()
+      block(fn())
+      times[name].append(time.perf_counter() - t0)
+  return times
+
+
+def median(xs: Sequence[float]) -> float:
+  return float(statistics.median(xs))
+
+
+def machine() -> dict:
+  """Machine description: CPU model, core count, load average, library versions."""
+  cpu = platform.processor()
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith("model name"):
+          cpu = line.split(":", 1)[1].strip()
+          break
+  except OSError:
+    pass
+  info = {"cpu": cpu, "cores": os.cpu_count(), "loadavg": os.getloadavg(),
+          "python": platform.python_version(),
+          "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+  for mod in ("jax", "torch", "transformers", "rlax", "numpy"):
+    try:
+      info[mod] = __import__(mod).__version__
+    except ImportError:
+      pass
+  try:
+    import jax  # pylint: disable=import-outside-toplevel
+    info["jax_devices"] = [str(d) for d in jax.devices()]
+  except ImportError:
+    pass
+  return info
+
+
+def measure_matmul_peak(n: int = 1024, repeats: int = 5, dtype: str = "float32") -> float:
+  """Peak matmul FLOP/s of this device measured now: median time of a jitted ``[n,n]@[n,n]``
+  (2 n^3 FLOP). Used as the MFU denominator."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  a = jnp.ones((n, n), dtype)
+  f = jax.jit(jnp.dot)
+  t = time_interleaved({"dot": lambda: f(a, a)}, warmup=2, repeats=repeats)["dot"]
+  return 2.0 * n ** 3 / median(t)
+
+
+def measure_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+  """Host memory read bandwidth (bytes/s): median of a NumPy sum over ``nbytes`` of float32
+  (read once). The decode bound uses this."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  x = np.ones(nbytes // 4, np.float32)
+  t = time_interleaved({"sum": lambda: x.sum()}, warmup=1, repeats=repeats)["sum"]
+  return nbytes / median(t)
+
+
+def peak_rss_bytes() -> int:
+  """Peak resident set size of this process (VmHWM), bytes."""
+  with open("/proc/self/status", encoding="utf-8") as f:
+    for line in f:
+      if line.startswith("VmHWM"):
+        return int(line.split()[1]) * 1024
+  return 0
+
+
+def fmt(x) -> str:
+  if isinstance(x, float):
+    if x == 0 or 1e-3 <= abs(x) < 1e6:
+      return f"{x:.4g}"
+    return f"{x:.3e}"
+  return str(x)
+
+
+def markdown_table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
+  """Rows (dicts) -> a markdown table over ``columns`` (default: keys of the first row)."""
+  if not rows:
+    return "(no rows)\n"
+  cols = list(columns or rows[0].keys())
+  out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  for r in rows:
+    out.append("| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |")
+  return "\n".join(out) + "\n"
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+  """Argument parser with the common flags: ``--quick`` (smallest sizes, checks the script
+  runs) and ``--json PATH`` (write results)."""
+  ap = argparse.ArgumentParser(description=description)
+  ap.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat: checks it runs")
+  ap.add_argument("--json", default="", help="write {machine, rows} here")
+  ap.add_argument("--repeats", type=int, default=5)
+  return ap
+
+
+def report(name: str, rows: list[dict], args, extra: dict | None = None) -> dict:
+  """Prints the machine line and the table; writes JSON if ``args.json``. Returns the record."""
+  rec = {"benchmark": name, "machine": machine(), "rows": rows, **(extra or {})}
+  print(f"## {name}  ({rec['machine']['date']}, load {rec['machine']['loadavg']})")
+  print(markdown_table(rows))
+  if extra:
+    print(json.dumps(extra, default=str))
+  if getattr(args, "json", ""):
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump(rec, f, indent=1, default=str)
+  return rec
+
+
+def uptime() -> str:
+  try:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+  except OSError:
+    return ""
