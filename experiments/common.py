@@ -242,3 +242,27 @@ def common_argparser(doc: str):
   p.add_argument("--quick", action="store_true", help="tiny setting for the test suite")
   p.add_argument("--out_dir", default=None, help="where CSV/PNG/runs go (default: see out_paths)")
   return p
+
+
+def per_run_final(rows: list[dict], metric: str) -> dict:
+  """``{(arm, seed): value at the largest step}`` of ``metric``."""
+  out: dict = {}
+  for r in rows:
+    if r["metric"] == metric:
+      k = (r["arm"], r["seed"])
+      if k not in out or r["step"] >= out[k][0]:
+        out[k] = (r["step"], r["value"])
+  return {k: v[1] for k, v in out.items()}
+
+
+def not_run_section(md_path: str, key: str, title: str, command: str, setting: str) -> None:
+  """A section that says the full setting has not been run yet (no numbers invented)."""
+  write_section(md_path, key, title, f"""Command: `{command}`
+
+Setting (fixed in the script): {setting}
+
+**Verdict: not run yet.** The full setting did not fit in the time of the session that built the
+script (2 shared CPU cores); run the command above and this section is replaced with the table,
+the plot and the verdict. The `--quick` variant runs in the test suite
+(`tests/test_experiments.py`) and only checks the pipeline.
+""")
