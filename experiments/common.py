@@ -255,14 +255,15 @@ def per_run_final(rows: list[dict], metric: str) -> dict:
   return {k: v[1] for k, v in out.items()}
 
 
-def not_run_section(md_path: str, key: str, title: str, command: str, setting: str) -> None:
+def not_run_section(md_path: str, key: str, title: str, command: str, setting: str,
+                    reason: str = "") -> None:
   """A section that says the full setting has not been run yet (no numbers invented)."""
   write_section(md_path, key, title, f"""Command: `{command}`
 
 Setting (fixed in the script): {setting}
 
 **Verdict: not run yet.** The full setting did not fit in the time of the session that built the
-script (2 shared CPU cores); run the command above and this section is replaced with the table,
-the plot and the verdict. The `--quick` variant runs in the test suite
+script (2 shared CPU cores){reason}; run the command above and this section is replaced with the
+table, the plot and the verdict. The `--quick` variant runs in the test suite
 (`tests/test_experiments.py`) and only checks the pipeline.
 """)
