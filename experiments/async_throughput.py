@@ -145,14 +145,14 @@ def run(quick: bool, out_dir=None) -> str:
             for m, v in (("traj_per_ktick", a), ("trainer_idle_frac", b),
                          ("rollout_idle_frac", c))])
         res[arm] = (thr[-1], tr_idle[-1], ro_idle[-1])
-      common.append_rows(csv_path, [(EXPERIMENT, f"{dist}/ideal", seed, steps, "traj_per_ktick",
-                                     ideal)])
+      common.append_rows(csv_path, [(EXPERIMENT, f"{dist}/ideal", seed, s, "traj_per_ktick", ideal)
+                                    for s in range(1, steps + 1)])
       table.append([dist, seed, f"{mean_len:.1f}", f"{np.percentile(lengths, 99):.0f}",
                     f"{lengths.max()}", res["sync"][0], res["async"][0], ideal,
                     res["async"][0] / res["sync"][0], ideal / res["sync"][0],
                     res["sync"][1], res["async"][1], res["sync"][2], res["async"][2]])
   png = common.plot(csv_path, os.path.join(out_dir, f"{EXPERIMENT}.png"),
-                    [("traj_per_ktick", None, "trajectories / 1000 ticks"),
+                    [("traj_per_ktick", None, "trajectories / 1000 ticks", "log"),
                      ("trainer_idle_frac", None, "trainer idle fraction"),
                      ("rollout_idle_frac", None, "rollout idle fraction")],
                     title="sync vs async (SAO) scheduling; mean and min-max over 3 seeds")

@@ -172,18 +172,23 @@ def mean_spread(per_seed: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
 
 
 def plot(csv_path: str, png_path: str, panels: Sequence[tuple], title: str = "") -> str:
-  """One PNG, one subplot per ``(metric, x_metric_or_None, ylabel)`` panel: per arm the mean
-  across seeds with the min-max band. Returns ``png_path``."""
+  """One PNG, one subplot per ``(metric, x_metric_or_None, ylabel[, "log"])`` panel: per arm the
+  mean across seeds with the min-max band; an arm keeps its colour across panels. Returns
+  ``png_path``."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   rows = read_rows(csv_path)
   fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
-  for ax, (metric, x_metric, ylabel) in zip(axes[0], panels):
+  arms = list(dict.fromkeys(r["arm"] for r in rows))
+  colour = {a: f"C{i % 10}" for i, a in enumerate(arms)}
+  for ax, (metric, x_metric, ylabel, *scale) in zip(axes[0], panels):
     for arm, per_seed in curves(rows, metric, x_metric).items():
       x, m, lo, hi = mean_spread(per_seed)
-      ax.plot(x, m, label=f"{arm} (n={len(per_seed)})", lw=1.3)
-      ax.fill_between(x, lo, hi, alpha=0.2)
+      ax.plot(x, m, label=f"{arm} (n={len(per_seed)})", lw=1.3, color=colour[arm])
+      ax.fill_between(x, lo, hi, alpha=0.2, color=colour[arm])
+    if scale and scale[0] == "log":
+      ax.set_yscale("log")
     ax.set_xlabel(x_metric or "policy step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
