@@ -20,6 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # fields that only some configs define: name -> allowed types
 EXTRA_KEYS: dict[str, tuple] = {
     "task.train_file": (str,),
+    "task.switch_every": (int,),  # style_switch: policy steps per preferred-style phase
     "train.max_consecutive_nonfinite": (int,),
     "rollout.env_timeout_s": (int, float),
     "rollout.lockstep": (bool,),
@@ -28,7 +29,7 @@ EXTRA_KEYS: dict[str, tuple] = {
     "mesh": (dict,),
 }
 _DTYPES = ("float32", "bfloat16", "float16")
-_TASKS = ("arith_tool", "math")
+_TASKS = ("arith_tool", "math", "style_switch")
 
 
 class ConfigError(ValueError):

@@ -35,6 +35,17 @@ def make_task(config) -> Task:
                                         seed=config.seed, tokenizer=tok,
                                         p_guess_correct=config.sft.p_guess_correct)
     return Task(tok, env, train, evals, tuple(tok.stop_ids), demos)
+  if name == "style_switch":  # online-learning task (experiments/online_style.py)
+    from sao_jax.envs import arith_tool, style_switch  # pylint: disable=import-outside-toplevel
+    train = arith_tool.make_problems(config.task.n_train, seed=config.seed, split="train")
+    evals = arith_tool.make_problems(config.task.n_eval, seed=config.seed, split="eval")
+    env = style_switch.StyleSwitchEnv(
+        tok, max_turns=config.task.max_turns,
+        switch_every_episodes=config.task.get("switch_every", 20) * config.train.batch_size)
+    demos = style_switch.make_sft_dataset(train[:config.sft.num_demos], p_tool=config.sft.p_tool,
+                                          seed=config.seed, tokenizer=tok,
+                                          p_guess_correct=config.sft.p_guess_correct)
+    return Task(tok, env, train, evals, tuple(tok.stop_ids), demos)
   if name == "math":
     from sao_jax.data import jsonl  # pylint: disable=import-outside-toplevel
     from sao_jax.envs.math_env import MathEnv  # pylint: disable=import-outside-toplevel
@@ -56,4 +67,4 @@ def make_task(config) -> Task:
     else:
       env, stop = MathEnv(tok, max_turns=1), (tok.eos_id,)
     return Task(tok, env, problems, evals[:n_eval], stop, None)
-  raise ValueError(f"unknown task.name={name!r}; use 'arith_tool' or 'math'.")
+  raise ValueError(f"unknown task.name={name!r}; use 'arith_tool', 'style_switch' or 'math'.")

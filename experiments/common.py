@@ -1,0 +1,274 @@
+"""Shared runner for the paper-claim experiments (issue 8): arms x seeds -> raw-curve CSV, a PNG of
+mean +- spread across seeds, and a section of ``experiments/RESULTS.md``.
+
+Every script fixes its arms, seeds and settings in code *before* running; every run made is
+written to the CSV (one row per run x step x metric, appended as soon as the run finishes), so no
+result can be selected after the fact.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import re
+import sys
+import time
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+CSV_FIELDS = ("experiment", "arm", "seed", "step", "metric", "value")
+RESULTS_MD = os.path.join(ROOT, "experiments", "RESULTS.md")
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+  """One configuration of an experiment: ``overrides`` maps dotted config fields
+  (``"train.mode"``) to values applied on top of the base config."""
+  name: str
+  overrides: dict
+
+
+def apply_overrides(config, overrides: dict):
+  """Sets dotted fields of an ``ml_collections.ConfigDict`` in place; returns it.
+
+  Raises KeyError naming the field when it does not exist in the config (a typo in an arm must
+  not silently run the default)."""
+  for key, value in overrides.items():
+    node = config
+    parts = key.split(".")
+    for p in parts[:-1]:
+      if p not in node:
+        raise KeyError(f"config has no field {key!r} (missing {p!r}); fix the arm's overrides")
+      node = node[p]
+    if parts[-1] not in node:
+      raise KeyError(f"config has no field {key!r}; fix the arm's overrides")
+    node[parts[-1]] = value
+  return config
+
+
+def base_arith_config(quick: bool):
+  """The CPU arithmetic task config used by the training experiments. ``quick``: the tiny
+  ``:smoke`` setting (a few steps; checks the pipeline, not the claim)."""
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  spec = importlib.util.spec_from_file_location("arith_tool_config",
+                                                os.path.join(ROOT, "configs", "arith_tool.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config("smoke" if quick else "")
+  c.checkpoint.every_steps = 0
+  c.checkpoint.resume = False
+  c.log.tensorboard = False
+  c.log.progress = "off"
+  return c
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+  """Records of ``run_dir/metrics.jsonl`` (one dict per logged step)."""
+  path = os.path.join(run_dir, "metrics.jsonl")
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def append_rows(csv_path: str, rows: Iterable[Sequence]) -> None:
+  """Appends long-format rows ``(experiment, arm, seed, step, metric, value)``; writes the header
+  on a new file."""
+  new = not os.path.exists(csv_path)
+  os.makedirs(os.path.dirname(csv_path) or ".", exist_ok=True)
+  with open(csv_path, "a", newline="", encoding="utf-8") as f:
+    w = csv.writer(f)
+    if new:
+      w.writerow(CSV_FIELDS)
+    w.writerows(rows)
+
+
+def read_rows(csv_path: str) -> list[dict]:
+  """The CSV as dicts with ``seed``/``step`` int and ``value`` float."""
+  with open(csv_path, newline="", encoding="utf-8") as f:
+    out = []
+    for r in csv.DictReader(f):
+      r["seed"], r["step"], r["value"] = int(r["seed"]), int(float(r["step"])), float(r["value"])
+      out.append(r)
+  return out
+
+
+def run_training_arms(experiment: str, arms: Sequence[Arm], seeds: Sequence[int], *, quick: bool,
+                      out_dir: str, metrics: Sequence[str], base: Optional[dict] = None,
+                      config_fn: Callable[[bool], Any] = base_arith_config) -> str:
+  """Runs every arm with every seed through ``sao_jax.train.loop.run`` (in-process, one after the
+  other) and appends each run's per-step ``metrics`` (plus ``elapsed_s`` and ``final_accuracy`` at
+  the last step) to ``out_dir/<experiment>.csv`` as soon as it finishes. The CSV is reset first.
+
+  Returns the CSV path. Raises whatever the run raises (a failed run is not hidden)."""
+  from sao_jax.train import loop  # pylint: disable=import-outside-toplevel
+  csv_path = os.path.join(out_dir, f"{experiment}.csv")
+  if os.path.exists(csv_path):
+    os.remove(csv_path)
+  for arm in arms:
+    for seed in seeds:
+      c = config_fn(quick)
+      apply_overrides(c, dict(base or {}))
+      apply_overrides(c, arm.overrides)
+      c.seed = int(seed)
+      c.run_dir = os.path.join(out_dir, "runs", experiment, arm.name, f"seed{seed}")
+      if os.path.exists(os.path.join(c.run_dir, "metrics.jsonl")):
+        os.remove(os.path.join(c.run_dir, "metrics.jsonl"))
+      t0 = time.time()
+      summary = loop.run(c)
+      rows = []
+      for rec in read_metrics(c.run_dir):
+        if "step" not in rec:
+          continue
+        for m in tuple(metrics) + ("elapsed_s",):
+          key = m
+          if m == "eval_accuracy" and "final/eval_accuracy" in rec:
+            key = "final/eval_accuracy"
+          if key in rec and rec[key] is not None and np.isfinite(rec[key]):
+            rows.append((experiment, arm.name, seed, rec["step"], m, float(rec[key])))
+      rows.append((experiment, arm.name, seed, c.train.num_steps, "final_accuracy",
+                   float(summary["accuracy_after"])))
+      rows.append((experiment, arm.name, seed, 0, "initial_accuracy",
+                   float(summary["accuracy_before"])))
+      append_rows(csv_path, rows)
+      print(f"[{experiment}] {arm.name} seed {seed}: accuracy {summary['accuracy_before']:.3f} -> "
+            f"{summary['accuracy_after']:.3f} ({time.time() - t0:.0f}s)", flush=True)
+  return csv_path
+
+
+def curves(rows: list[dict], metric: str, x_metric: Optional[str] = None) -> dict:
+  """``{arm: {seed: (x [n], y [n])}}`` of ``metric`` sorted by step; ``x_metric`` (e.g.
+  ``"elapsed_s"``) replaces the step as x where both exist at the same step."""
+  out: dict = {}
+  by = {}
+  for r in rows:
+    by.setdefault((r["arm"], r["seed"], r["metric"]), {})[r["step"]] = r["value"]
+  for (arm, seed, m), d in by.items():
+    if m != metric:
+      continue
+    steps = sorted(d)
+    if x_metric:
+      xs = by.get((arm, seed, x_metric), {})
+      steps = [s for s in steps if s in xs]
+      x = np.array([xs[s] for s in steps], float)
+    else:
+      x = np.array(steps, float)
+    out.setdefault(arm, {})[seed] = (x, np.array([d[s] for s in steps], float))
+  return out
+
+
+def mean_spread(per_seed: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+  """Mean, min and max across seeds on the x grid of the shortest seed (x taken as the mean
+  across seeds at each index). Returns (x, mean, lo, hi), each float [n]."""
+  n = min(len(v[1]) for v in per_seed.values())
+  xs = np.stack([v[0][:n] for v in per_seed.values()])
+  ys = np.stack([v[1][:n] for v in per_seed.values()])
+  return xs.mean(0), ys.mean(0), ys.min(0), ys.max(0)
+
+
+def plot(csv_path: str, png_path: str, panels: Sequence[tuple], title: str = "") -> str:
+  """One PNG, one subplot per ``(metric, x_metric_or_None, ylabel[, "log"])`` panel: per arm the
+  mean across seeds with the min-max band; an arm keeps its colour across panels. Returns
+  ``png_path``."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  rows = read_rows(csv_path)
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.2), squeeze=False)
+  arms = list(dict.fromkeys(r["arm"] for r in rows))
+  colour = {a: f"C{i % 10}" for i, a in enumerate(arms)}
+  for ax, (metric, x_metric, ylabel, *scale) in zip(axes[0], panels):
+    for arm, per_seed in curves(rows, metric, x_metric).items():
+      x, m, lo, hi = mean_spread(per_seed)
+      ax.plot(x, m, label=f"{arm} (n={len(per_seed)})", lw=1.3, color=colour[arm])
+      ax.fill_between(x, lo, hi, alpha=0.2, color=colour[arm])
+    if scale and scale[0] == "log":
+      ax.set_yscale("log")
+    ax.set_xlabel(x_metric or "policy step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+  axes[0][0].legend(fontsize=7)
+  if title:
+    fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(png_path) or ".", exist_ok=True)
+  fig.savefig(png_path, dpi=70)
+  plt.close(fig)
+  return png_path
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence]) -> str:
+  """A GitHub markdown table; floats printed with 3 decimals."""
+  def fmt(v):
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+def write_section(md_path: str, key: str, title: str, body: str) -> None:
+  """Writes ``## title`` + ``body`` into ``md_path`` between markers for ``key``, replacing the
+  previous section of the same key (re-running an experiment updates its section; other
+  sections are untouched)."""
+  begin, end = f"<!-- section:{key} -->", f"<!-- /section:{key} -->"
+  block = f"{begin}\n## {title}\n\n{body.strip()}\n{end}\n"
+  text = open(md_path, encoding="utf-8").read() if os.path.exists(md_path) else (
+      "# Paper claims at small scale (issue 8)\n\nOne section per claim, written by the scripts "
+      "in `experiments/`. Each lists the exact command, the setting, every run's numbers and a "
+      "verdict.\n\n")
+  pat = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.S)
+  text = pat.sub(lambda _: block, text) if pat.search(text) else text.rstrip("\n") + "\n\n" + block
+  os.makedirs(os.path.dirname(md_path) or ".", exist_ok=True)
+  with open(md_path, "w", encoding="utf-8") as f:
+    f.write(text)
+
+
+def out_paths(experiment: str, quick: bool, out_dir: Optional[str]) -> tuple[str, str]:
+  """(out_dir, RESULTS.md path): full runs write under ``experiments/`` (CSV, PNG committed) and
+  ``experiments/RESULTS.md``; quick runs default to ``runs/experiments_quick`` with its own
+  RESULTS.md so a test never overwrites the real results."""
+  if out_dir is None:
+    out_dir = os.path.join(ROOT, "runs", "experiments_quick") if quick else os.path.join(
+        ROOT, "experiments", "results")
+  md = os.path.join(out_dir, "RESULTS.md") if quick else RESULTS_MD
+  os.makedirs(out_dir, exist_ok=True)
+  return out_dir, md
+
+
+def common_argparser(doc: str):
+  """``--quick`` and ``--out_dir`` for every experiment script."""
+  import argparse  # pylint: disable=import-outside-toplevel
+  p = argparse.ArgumentParser(description=doc)
+  p.add_argument("--quick", action="store_true", help="tiny setting for the test suite")
+  p.add_argument("--out_dir", default=None, help="where CSV/PNG/runs go (default: see out_paths)")
+  return p
+
+
+def per_run_final(rows: list[dict], metric: str) -> dict:
+  """``{(arm, seed): value at the largest step}`` of ``metric``."""
+  out: dict = {}
+  for r in rows:
+    if r["metric"] == metric:
+      k = (r["arm"], r["seed"])
+      if k not in out or r["step"] >= out[k][0]:
+        out[k] = (r["step"], r["value"])
+  return {k: v[1] for k, v in out.items()}
+
+
+def not_run_section(md_path: str, key: str, title: str, command: str, setting: str,
+                    reason: str = "") -> None:
+  """A section that says the full setting has not been run yet (no numbers invented)."""
+  write_section(md_path, key, title, f"""Command: `{command}`
+
+Setting (fixed in the script): {setting}
+
+**Verdict: not run yet.** The full setting did not fit in the time of the session that built the
+script (2 shared CPU cores){reason}; run the command above and this section is replaced with the
+table, the plot and the verdict. The `--quick` variant runs in the test suite
+(`tests/test_experiments.py`) and only checks the pipeline.
+""")

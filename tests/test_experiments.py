@@ -1,0 +1,124 @@
+"""The --quick variants of the four paper-claim experiments (issue 8): each writes its CSV of raw
+curves, a PNG and a RESULTS.md section with sane values. The verdicts are not checked here."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+
+import async_throughput  # noqa: E402
+import common  # noqa: E402
+import online_style  # noqa: E402
+import stability  # noqa: E402
+from sao_jax.data.tokenizer import CharTokenizer  # noqa: E402
+from sao_jax.envs import arith_tool, style_switch  # noqa: E402
+
+
+def _check_outputs(out, experiment, arms, metrics, lo=-np.inf, hi=np.inf):
+  rows = common.read_rows(os.path.join(out, f"{experiment}.csv"))
+  assert {r["arm"] for r in rows} >= set(arms)
+  for m in metrics:
+    vals = [r["value"] for r in rows if r["metric"] == m]
+    assert vals, m
+    assert all(np.isfinite(v) and lo <= v <= hi for v in vals), (m, vals[:5])
+  png = os.path.join(out, f"{experiment}.png")
+  with open(png, "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  md = open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read()
+  assert f"<!-- section:{experiment} -->" in md and "**Verdict:" in md
+  return rows
+
+
+def test_write_section_replaces_only_its_own_section(tmp_path):
+  md = str(tmp_path / "R.md")
+  common.write_section(md, "a", "A", "first")
+  common.write_section(md, "b", "B", "other")
+  common.write_section(md, "a", "A", "second")
+  text = open(md).read()
+  assert "second" in text and "first" not in text and "other" in text
+  assert text.index("## A") < text.index("## B")
+
+
+def test_apply_overrides_rejects_unknown_field():
+  c = common.base_arith_config(True)
+  common.apply_overrides(c, {"train.num_steps": 7})
+  assert c.train.num_steps == 7
+  with pytest.raises(KeyError, match="train.num_stepz"):
+    common.apply_overrides(c, {"train.num_stepz": 1})
+
+
+def test_sync_async_simulation_hand_worked():
+  # 2 slots, batch 2, lengths [1, 3, 1, 3], train 2 ticks.
+  # sync: step 1 = max(1,3) + 2 = 5; step 2 = 5 more -> t = 10; slot busy = 4 + 4.
+  s = async_throughput.simulate_sync(np.array([1, 3, 1, 3]), slots=2, batch_size=2,
+                                     train_ticks=2, steps=2)
+  np.testing.assert_allclose(s[-1], [10, 4, 8])
+  # async (queue 4): t=0 start 1, 3; t=1 slot0 enqueued (q=1), starts 1; t=2 slot0 enqueued
+  # (q=2) -> train ticks 2..4, slot0 starts 3; t=3 slot1 enqueued (q=1), starts 1; t=4 step 1
+  # done, slot1 enqueued (q=2) -> train 4..6 -> step 2 done at t=6.
+  a = async_throughput.simulate_async(np.array([1, 3, 1, 3, 1, 1, 1, 1]), slots=2, batch_size=2,
+                                      train_ticks=2, steps=2, queue_size=4)
+  np.testing.assert_allclose(a[:, 0], [4, 6])
+  assert a[-1, 1] == 4
+
+
+def test_style_switch_env_rewards_only_the_current_style():
+  tok = CharTokenizer()
+  env = style_switch.StyleSwitchEnv(tok, max_turns=3, switch_every_episodes=2)
+  p = arith_tool.make_problems(1)[0]
+  got = []
+  for style in ("", "!", "!", "~", "~", ""):
+    ids = tok.encode("\\boxed{" + p.answer + "}" + style) + [tok.eos_id]
+    st = env.step(p, 0, ids)
+    got.append((st.info["phase"], st.reward))
+  assert got == [(0, 1.0), (0, 0.0), (1, 1.0), (1, 0.0), (2, 1.0), (2, 0.0)]
+  wrong = env.step(p, 0, tok.encode("\\boxed{1}~") + [tok.eos_id])  # phase 3 = style "", wrong
+  assert wrong.reward == 0.0 and wrong.info["correct"] == 0.0
+
+
+def test_online_lag_and_switch_steps_hand_worked():
+  assert online_style.switch_steps(10, 8, 16, 3) == [1, 4, 7, 10]
+  steps = np.arange(1, 9)
+  r = np.array([0, 0, 1, 1, 1, 0, 0, 1], float)
+  # phase [1, 5): moving avg 0, .33, .67, 1 -> best 1, 80% reached at step 4 -> lag 3
+  assert online_style.adaptation_lags(steps, r, [1, 5], 8)[0] == 3
+
+
+def test_stability_collapse_rule():
+  assert stability.collapse_step(np.array([10, 20, 30]), np.array([0.2, 0.8, 0.3])) == 30
+  assert stability.collapse_step(np.array([10, 20, 30]), np.array([0.2, 0.8, 0.5])) is None
+  assert stability.collapse_step(np.array([10, 20]), np.array([0.05, 0.0])) is None
+
+
+def test_throughput_quick(tmp_path):
+  async_throughput.run(True, str(tmp_path))
+  rows = _check_outputs(str(tmp_path), "async_throughput",
+                        ["lognormal/sync", "lognormal/async", "arith_demo/sync"],
+                        ["trainer_idle_frac", "rollout_idle_frac"], 0.0, 1.0)
+  thr = {(r["arm"], r["seed"]): r["value"] for r in rows
+         if r["metric"] == "traj_per_ktick" and r["step"] == 20}
+  for seed in async_throughput.SEEDS:  # async never beats the no-idle bound, and beats sync
+    assert thr[("lognormal/sync", seed)] < thr[("lognormal/async", seed)]
+    assert thr[("lognormal/async", seed)] <= thr[("lognormal/ideal", seed)] * 1.0001
+
+
+def test_training_experiments_quick(tmp_path):
+  """stability, ablations, online: one arm x one seed each, 2-3 steps, in one subprocess."""
+  code = ("import sys; sys.path.insert(0, 'experiments'); import stability, ablations, "
+          f"online_style; out = {str(tmp_path)!r}; stability.run(True, out); "
+          "ablations.run(True, out); online_style.run(True, out)")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=900, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  out = str(tmp_path)
+  rows = _check_outputs(out, "stability", ["grpo"], ["final_accuracy", "eval_accuracy"],
+                        0.0, 1.0)
+  assert sorted({r["step"] for r in rows if r["metric"] == "reward_mean"}) == [1, 2]
+  _check_outputs(out, "ablations", ["k1"], ["final_accuracy", "explained_variance",
+                                            "critic_grad_norm"])
+  _check_outputs(out, "online_style", ["running_mean_128"], ["reward_mean"], 0.0, 1.0)
