@@ -100,6 +100,38 @@ METRICS: dict[str, MetricDef] = {
     "rollout_prefill_s": _m("s", "throughput", "cumulative engine time in prefill() (prompts and "
                             "observations) since the start"),
     "elapsed_s": _m("s", "throughput", "wall time since the job started"),
+    # ---- the algorithm family's shared vocabulary (sao_jax/algo/objectives.py) ----------------
+    "ratio_min": _m("ratio", "DIS policy", "smallest importance ratio over action tokens"),
+    "masked_fraction_pos_adv": _m("fraction", "DIS policy", "masked / clipped fraction among "
+                                  "action tokens with advantage > 0"),
+    "masked_fraction_neg_adv": _m("fraction", "DIS policy", "masked / clipped fraction among "
+                                  "action tokens with advantage < 0"),
+    "ess_fraction": _m("fraction", "DIS policy", "effective sample size of the importance "
+                       "weights, (sum w)^2 / sum w^2, over the number of action tokens"),
+    "mismatch_abs_logp": _m("nats", "DIS policy", "engine-vs-trainer mismatch: mean "
+                            "|logp - logp_rollout| over action tokens"),
+    "mismatch_exp_abs_minus_1": _m("ratio", "DIS policy", "mean exp(|logp - logp_rollout|) - 1"),
+    "mismatch_kl_k3": _m("nats", "DIS policy", "k3 estimate of KL(rollout || current) over "
+                         "action tokens"),
+    "entropy": _m("nats", "DIS policy", "mean policy entropy over action tokens"),
+    "kl_ref": _m("nats", "DIS policy", "k3 KL to the reference (warm-started) policy"),
+    "tis_weight_mean": _m("ratio", "DIS policy", "objective=tis: mean truncated IS weight"),
+    "icepop_masked_fraction": _m("fraction", "DIS policy", "objective=icepop: fraction of "
+                                 "action tokens masked by the IcePop band"),
+    # ---- faults and staleness control ------------------------------------------------------------
+    "dropped_stale": _m("trajectories", "asynchrony", "trajectories dropped on arrival for "
+                        "staleness (rollout.staleness_policy with 'drop'), cumulative"),
+    "env_errors_total": _m("trajectories", "outcome", "failed trajectories (env/reward "
+                           "exception, timeout, NaN reward), cumulative"),
+    "nonfinite_skipped": _m("flag", "outcome", "1 if this step's update was skipped for "
+                            "NaN/inf gradients"),
+    "nonfinite_total": _m("steps", "outcome", "skipped non-finite updates, cumulative"),
+    # ---- timestamps (seconds since the epoch): the grpo_sync barrier is visible in these -------
+    "step_t_begin": _m("s", "throughput", "wall-clock time the policy step began"),
+    "step_t_publish": _m("s", "throughput", "wall-clock time the new weights were published"),
+    "traj_t_start_min": _m("s", "throughput", "earliest rollout start in the batch"),
+    "traj_t_start_max": _m("s", "throughput", "latest rollout start in the batch"),
+    "traj_t_end_max": _m("s", "throughput", "latest rollout end in the batch"),
 }
 
 
