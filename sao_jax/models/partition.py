@@ -54,7 +54,8 @@ _RULES = [
 ]
 
 
-def _path_str(path) -> str:
+def param_path(path) -> str:
+  """'layers/0/attn/q_proj/kernel' for a pytree key path (dict keys, sequence indices, attrs)."""
   parts = []
   for k in path:
     for attr in ("key", "idx", "name"):
@@ -80,7 +81,7 @@ def axes_for_path(path: str, ndim: int) -> tuple:
 
 def logical_axes(params: Any) -> Any:
   """Pytree like ``params`` whose leaves are tuples of logical axis names."""
-  return jax.tree_util.tree_map_with_path(lambda p, x: axes_for_path(_path_str(p), x.ndim),
+  return jax.tree_util.tree_map_with_path(lambda p, x: axes_for_path(param_path(p), x.ndim),
                                           params)
 
 

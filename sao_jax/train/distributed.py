@@ -21,8 +21,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from sao_jax import algo
 from sao_jax.rollout.trajectory import Trajectory, collate
-from sao_jax.train import optim, sharding, steps
-from sao_jax.train.sao import SAOConfig
+from sao_jax.train import sharding, steps
+from sao_jax.train.sao import SAOConfig, make_optimizers
 
 _ENV = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
         "process_id": "JAX_PROCESS_ID"}
@@ -205,13 +205,7 @@ class ShardedSAOTrainer:
     if self.rows % jax.process_count() or batch_size % jax.process_count():
       raise ValueError(f"{self.rows} batch rows do not split over {jax.process_count()} "
                        "processes; change train.batch_size or the mesh.")
-    self.policy_tx = optim.make_optimizer(policy_params, lr=cfg.policy_lr,
-                                          max_grad_norm=cfg.max_grad_norm)
-    frozen = tuple(cfg.critic_frozen_patterns) if cfg.freeze_critic_attention else ()
-    self.critic_tx = optim.make_optimizer(critic_params, lr=cfg.critic_lr,
-                                          warmup_steps=cfg.critic_lr_warmup_steps,
-                                          max_grad_norm=cfg.max_grad_norm,
-                                          frozen_patterns=frozen)
+    self.policy_tx, self.critic_tx = make_optimizers(cfg, policy_params, critic_params)
     self.policy_sh = sharding.make_step_shardings(mesh, policy_params, self.policy_tx,
                                                   rules=rules, param_axes=param_axes)
     self.critic_sh = sharding.make_step_shardings(mesh, critic_params, self.critic_tx,

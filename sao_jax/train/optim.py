@@ -8,16 +8,9 @@ from typing import Any, Sequence
 import jax
 import optax
 
+from sao_jax.models.partition import param_path  # noqa: F401  (re-exported)
 
-def param_path(path) -> str:
-  """'layers/0/attn/q_proj/kernel' for a pytree key path."""
-  parts = []
-  for k in path:
-    for attr in ("key", "idx", "name"):
-      if hasattr(k, attr):
-        parts.append(str(getattr(k, attr)))
-        break
-  return "/".join(parts)
+
 
 
 def freeze_labels(params: Any, frozen_patterns: Sequence[str]) -> Any:

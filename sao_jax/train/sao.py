@@ -72,6 +72,19 @@ class SAOConfig:
                        f"{self.critic_updates_per_step}.")
 
 
+def make_optimizers(cfg: "SAOConfig", policy_params, critic_params):
+  """(policy_tx, critic_tx): AdamW for the policy; AdamW with linear warm-up for the critic, its
+  ``cfg.critic_frozen_patterns`` frozen (``set_to_zero``, no Adam moments) when
+  ``cfg.freeze_critic_attention`` (SAO §3.2). Raises ValueError if a pattern matches nothing."""
+  policy_tx = optim.make_optimizer(policy_params, lr=cfg.policy_lr,
+                                   max_grad_norm=cfg.max_grad_norm)
+  frozen = tuple(cfg.critic_frozen_patterns) if cfg.freeze_critic_attention else ()
+  critic_tx = optim.make_optimizer(critic_params, lr=cfg.critic_lr,
+                                   warmup_steps=cfg.critic_lr_warmup_steps,
+                                   max_grad_norm=cfg.max_grad_norm, frozen_patterns=frozen)
+  return policy_tx, critic_tx
+
+
 class SAOTrainer:
   """Holds policy and critic train states and runs SAO policy steps on trajectories.
 
@@ -85,13 +98,7 @@ class SAOTrainer:
   def __init__(self, cfg: SAOConfig, policy_graphdef, policy_params, critic_graphdef,
                critic_params, pad_id: int):
     self.cfg, self.pad_id = cfg, pad_id
-    self.policy_tx = optim.make_optimizer(policy_params, lr=cfg.policy_lr,
-                                          max_grad_norm=cfg.max_grad_norm)
-    frozen = tuple(cfg.critic_frozen_patterns) if cfg.freeze_critic_attention else ()
-    self.critic_tx = optim.make_optimizer(critic_params, lr=cfg.critic_lr,
-                                          warmup_steps=cfg.critic_lr_warmup_steps,
-                                          max_grad_norm=cfg.max_grad_norm,
-                                          frozen_patterns=frozen)
+    self.policy_tx, self.critic_tx = make_optimizers(cfg, policy_params, critic_params)
     self.policy = steps.TrainState.create(policy_params, self.policy_tx)
     self.critic = steps.TrainState.create(critic_params, self.critic_tx)
     spec = self.spec = cfg.spec
