@@ -1,48 +1,20 @@
 """JetStream engine: sampled log-probs equal the trainer's recomputation; multi-turn prefill onto
 an existing KV cache equals a full forward pass; weight sync mid-trajectory records versions."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sao_jax.models.transformer import ModelConfig, Transformer, default_positions
+from sao_jax.models.transformer import Transformer, default_positions
 from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.jetstream_compat import engine_api
 from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.worker import RolloutWorker
 from sao_jax.train.steps import token_logprobs
 
-CFG = ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                  d_ff=64, max_seq_len=64)
-
-
-class Tok:
-  pad_id, bos_id, eos_id = 0, 1, 2
-  vocab_size = 40
-  stop_ids = (2, 5)
-
-  def encode(self, s):
-    return [10 + (ord(c) % 30) for c in s]
-
-  def decode(self, ids):
-    return "".join(chr(97 + (i % 26)) for i in ids)
-
-
-@dataclasses.dataclass(frozen=True)
-class P:
-  id: str
-  prompt: list
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-  observation_ids: list
-  done: bool
-  reward: float
-  info: dict
+from rollout_fixtures import CFG, P, Step, Tok  # noqa: E402  (tests/ is on sys.path)
 
 
 class EchoEnv:

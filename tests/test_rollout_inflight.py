@@ -1,7 +1,6 @@
 """In-flight weight updates (both KV-cache options), stop strings / finish reasons, and the
 worker's admission control."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -9,40 +8,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sao_jax.models.transformer import ModelConfig, Transformer, default_positions, init_cache
+from sao_jax.models.transformer import Transformer, default_positions, init_cache
 from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.staleness import AdmissionControl
 from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.worker import RolloutWorker
 from sao_jax.train.steps import token_logprobs
 
-CFG = ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                  d_ff=64, max_seq_len=64)
-
-
-class Tok:
-  pad_id, bos_id, eos_id = 0, 1, 2
-  vocab_size = 40
-
-  def encode(self, s):
-    return [10 + (ord(c) % 30) for c in s]
-
-  def decode(self, ids):
-    return "".join(chr(97 + (i % 26)) for i in ids)
-
-
-@dataclasses.dataclass(frozen=True)
-class P:
-  id: str
-  prompt: list
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-  observation_ids: list
-  done: bool
-  reward: float
-  info: dict
+from rollout_fixtures import CFG, P, Step, Tok  # noqa: E402  (tests/ is on sys.path)
 
 
 class EchoEnv:
