@@ -114,8 +114,9 @@ class ModelConfig:
     if self.head_dim % 2:
       raise ValueError(f"model.head_dim={self.head_dim} must be even (RoPE rotates pairs).")
     for name in ("dtype", "param_dtype"):
-      if getattr(self, name) not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"model.{name}={getattr(self, name)!r}; use 'float32' or 'bfloat16'.")
+      if getattr(self, name) not in ("float32", "bfloat16", "float16", "float64"):
+        raise ValueError(f"model.{name}={getattr(self, name)!r}; use 'float32' or 'bfloat16' "
+                         "('float64' only under jax.enable_x64, for numerics checks).")
     object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
     if self.moe_layers:
       if self.n_experts < 1 or not 1 <= self.n_experts_per_tok <= self.n_experts:
@@ -149,15 +150,16 @@ class ModelConfig:
     return dict(self.rope_scaling or ())
 
 
-def rope_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
-  """Inverse frequencies [head_dim // 2] float32 and the cos/sin scale (``attention_factor``).
+def rope_frequencies(cfg: ModelConfig, dtype=np.float32) -> tuple[np.ndarray, float]:
+  """Inverse frequencies [head_dim // 2] in ``dtype`` (float32; float64 for float64 models) and
+  the cos/sin scale (``attention_factor``).
 
   Implements the Hugging Face ``ROPE_INIT_FUNCTIONS`` variants: ``default``
   (``theta ** (-2i / d)``), ``linear`` (divide by ``factor``), ``llama3`` (Llama 3.1 wavelength
   bands) and ``yarn`` (Peng et al. 2023, NTK-by-parts with ``0.1 ln(factor) + 1`` scaling).
   """
   d = cfg.head_dim
-  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float32) / d))
+  inv = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=dtype) / d))
   sc = cfg.rope_scaling_dict()
   rtype = sc.get("rope_type", sc.get("type", "default"))
   scale = 1.0
@@ -186,38 +188,47 @@ def rope_frequencies(cfg: ModelConfig) -> tuple[np.ndarray, float]:
     high = min(math.ceil(dim_of(beta_slow)), d - 1)
     if low == high:
       high += 0.001
-    ramp = np.clip((np.arange(d // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    ramp = np.clip((np.arange(d // 2, dtype=dtype) - low) / (high - low), 0, 1)
     extrap = 1 - ramp
     inv = (inv / factor) * (1 - extrap) + inv * extrap
-  return inv.astype(np.float32), scale
+  return inv.astype(dtype), scale
+
+
+def _acc_dtype(x: jax.Array):
+  """Accumulation dtype for norms, RoPE and softmax: float32, or float64 when x is float64."""
+  return jnp.promote_types(x.dtype, jnp.float32)
 
 
 class RMSNorm(nnx.Module):
-  """y = x / sqrt(mean(x^2) + eps) * scale, computed in float32, returned in x's dtype."""
+  """y = x / sqrt(mean(x^2) + eps) * scale, computed in float32 (float64 for float64 x),
+  returned in x's dtype."""
 
   def __init__(self, dim: int, eps: float, param_dtype=jnp.float32):
     self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
     self.eps = eps
 
   def __call__(self, x):
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+    acc = _acc_dtype(x)
+    xa = x.astype(acc)
+    y = xa * jax.lax.rsqrt(jnp.mean(xa * xa, axis=-1, keepdims=True) + self.eps)
+    return (y * self.scale[...].astype(acc)).astype(x.dtype)
 
 
 def rope(x: jax.Array, positions: jax.Array, theta=None, *, inv_freq=None,
          scale: float = 1.0) -> jax.Array:
   """Rotary embedding, rotate-half layout. x: [B, T, H, D]; positions: [B, T] int.
 
-  Either ``theta`` (default frequencies) or ``inv_freq`` [D/2] (see ``rope_frequencies``)."""
+  Either ``theta`` (default frequencies) or ``inv_freq`` [D/2] (see ``rope_frequencies``).
+  Angles, cos/sin and the rotation are float32, or float64 for float64 x."""
   d = x.shape[-1]
+  acc = _acc_dtype(x)
   if inv_freq is None:
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=acc) / d))
+  angles = positions.astype(acc)[..., None] * jnp.asarray(inv_freq, acc)
   cos = (jnp.cos(angles) * scale)[:, :, None, :]
   sin = (jnp.sin(angles) * scale)[:, :, None, :]
-  x32 = x.astype(jnp.float32)
-  x1, x2 = x32[..., : d // 2], x32[..., d // 2:]
+  xa = x.astype(acc)
+  x1, x2 = xa[..., : d // 2], xa[..., d // 2:]
   out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
   return out.astype(x.dtype)
 
@@ -251,7 +262,7 @@ class Attention(nnx.Module):
     v = self.v_proj(x).reshape(b, t, cfg.n_kv_heads, cfg.head_dim)
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
-    inv_freq, rscale = rope_frequencies(cfg)
+    inv_freq, rscale = rope_frequencies(cfg, np.float64 if x.dtype == jnp.float64 else np.float32)
     q = rope(q, positions, inv_freq=inv_freq, scale=rscale)
     k = rope(k, positions, inv_freq=inv_freq, scale=rscale)
     if cache is None:
@@ -267,12 +278,13 @@ class Attention(nnx.Module):
       new_cache = (keys, values)
     groups = cfg.n_heads // cfg.n_kv_heads
     q = q.reshape(b, t, cfg.n_kv_heads, groups, cfg.head_dim)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.astype(q.dtype)).astype(jnp.float32)
+    acc = _acc_dtype(x)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, keys.astype(q.dtype)).astype(acc)
     scores = scores * (cfg.head_dim ** -0.5)
     mask = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S] causal on absolute positions
     if key_mask is not None:
       mask = mask & key_mask.astype(bool)[:, None, :]
-    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(acc).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(x.dtype))
     out = out.reshape(b, t, cfg.n_heads * cfg.head_dim)
@@ -391,10 +403,12 @@ class Transformer(nnx.Module):
     return h, new_cache
 
   def logits_from_hidden(self, h):
-    """[B, T, D] -> float32 logits [B, T, V] (tied: ``h @ embedding.T`` in float32)."""
+    """[B, T, D] -> float32 logits [B, T, V] (tied: ``h @ embedding.T`` in float32); float64
+    logits for a float64 model."""
+    acc = _acc_dtype(h)
     if self.cfg.tie_embeddings:
-      return h.astype(jnp.float32) @ self.embed.embedding[...].astype(jnp.float32).T
-    return self.lm_head(h).astype(jnp.float32)
+      return h.astype(acc) @ self.embed.embedding[...].astype(acc).T
+    return self.lm_head(h).astype(acc)
 
   def __call__(self, tokens, positions, cache: Optional[KVCache] = None, *, attention_mask=None):
     h, new_cache, _ = self._run(tokens, positions, cache, attention_mask)
