@@ -45,6 +45,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.sft.num_demos = 4000          # demonstrations built from the first train problems
   c.sft.p_tool = 0.3              # fraction of demos that call the tool (the rest guess)
   c.sft.p_guess_correct = 0.1     # fraction of guesses that happen to be right
+  c.sft.cache_dir = ""            # reuse the warm start of an identical SFT (config+task+seed) from
+                                  # here (safetensors); "" = always train it
 
   c.rollout = ml_collections.ConfigDict()
   c.rollout.slots = 32            # decode slots of the engine (continuous batching)

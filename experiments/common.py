@@ -102,7 +102,8 @@ def run_training_arms(experiment: str, arms: Sequence[Arm], seeds: Sequence[int]
                       out_dir: str, metrics: Sequence[str], base: Optional[dict] = None,
                       config_fn: Callable[[bool], Any] = base_arith_config) -> str:
   """Runs every arm with every seed through ``sao_jax.train.loop.run`` (in-process, one after the
-  other) and appends each run's per-step ``metrics`` (plus ``elapsed_s`` and ``final_accuracy`` at
+  other) and appends each run's per-step ``metrics`` (plus ``elapsed_s``, ``rl_elapsed_s`` = seconds
+  since the first policy step, and ``final_accuracy`` at
   the last step) to ``out_dir/<experiment>.csv`` as soon as it finishes. The CSV is reset first.
 
   Returns the CSV path. Raises whatever the run raises (a failed run is not hidden)."""
@@ -117,14 +118,21 @@ def run_training_arms(experiment: str, arms: Sequence[Arm], seeds: Sequence[int]
       apply_overrides(c, arm.overrides)
       c.seed = int(seed)
       c.run_dir = os.path.join(out_dir, "runs", experiment, arm.name, f"seed{seed}")
+      if not c.sft.cache_dir:  # the SFT warm start of a seed is trained once, shared by all arms
+        c.sft.cache_dir = os.path.join(out_dir, "runs", "sft_cache")
       if os.path.exists(os.path.join(c.run_dir, "metrics.jsonl")):
         os.remove(os.path.join(c.run_dir, "metrics.jsonl"))
       t0 = time.time()
       summary = loop.run(c)
       rows = []
+      t_first = None  # rl_elapsed_s: seconds since the first policy step (excludes the warm-up)
       for rec in read_metrics(c.run_dir):
         if "step" not in rec:
           continue
+        if "elapsed_s" in rec and rec["elapsed_s"] is not None:
+          t_first = rec["elapsed_s"] if t_first is None else t_first
+          rows.append((experiment, arm.name, seed, rec["step"], "rl_elapsed_s",
+                       float(rec["elapsed_s"] - t_first)))
         for m in tuple(metrics) + ("elapsed_s",):
           key = m
           if m == "eval_accuracy" and "final/eval_accuracy" in rec:

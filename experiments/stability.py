@@ -54,7 +54,7 @@ def run(quick: bool, out_dir=None) -> str:
   rows = common.read_rows(csv_path)
   png = common.plot(csv_path, os.path.join(out_dir, f"{EXPERIMENT}.png"),
                     [("eval_accuracy", None, "eval accuracy"),
-                     ("eval_accuracy", "elapsed_s", "eval accuracy"),
+                     ("eval_accuracy", "rl_elapsed_s", "eval accuracy"),
                      ("reward_mean", None, "train reward")],
                     title="SAO vs GRPO/VAPO, asynchronous; mean and min-max over seeds")
   acc = common.curves(rows, "eval_accuracy")

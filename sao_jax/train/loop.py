@@ -158,14 +158,19 @@ def run(config) -> dict[str, Any]:
     t0 = time.time()
     sft_progress = Progress(config.sft.steps, desc="SFT warm-up",
                             mode=config.log.get("progress", "auto"))
-    policy_params, loss = sft_lib.train_sft(
-        policy_graphdef, policy_params, task.sft_demos, pad_id=task.tokenizer.pad_id,
-        steps_=config.sft.steps, batch_size=config.sft.batch_size, lr=config.sft.lr,
-        seed=config.seed, log_every=max(1, config.sft.steps // 5),
-        log=lambda msg: print(msg, file=sft_progress.stream, flush=True),
-        on_step=lambda i: sft_progress.update())
+    init_params = policy_params
+    policy_params, loss = sft_lib.cached_sft(
+        config.sft.get("cache_dir", ""),
+        sft_lib.cache_key(config.sft.to_dict(), config.task.to_dict(), str(mcfg), config.seed),
+        init_params, lambda: sft_lib.train_sft(
+            policy_graphdef, init_params, task.sft_demos, pad_id=task.tokenizer.pad_id,
+            steps_=config.sft.steps, batch_size=config.sft.batch_size, lr=config.sft.lr,
+            seed=config.seed, log_every=max(1, config.sft.steps // 5),
+            log=lambda msg: print(msg, file=sft_progress.stream, flush=True),
+            on_step=lambda i: sft_progress.update()))
     sft_progress.close()
-    print(f"sft warm-up: {config.sft.steps} steps, final loss {loss:.4f}, "
+    print(f"sft warm-up: {config.sft.steps} steps, final loss {loss:.4f}"
+          f"{' (cached: ' + config.sft.cache_dir + ')' if np.isnan(loss) else ''}, "
           f"{time.time() - t0:.1f}s", flush=True)
   critic_graphdef, critic_params = critic_from_policy(mcfg, policy_params, config.seed + 1)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import hashlib
+import json
+import os
+from typing import Callable, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -47,3 +50,46 @@ def train_sft(graphdef, params, demos, *, pad_id: int, steps_: int, batch_size: 
       loss = float(metrics["sft_loss"])
       log(f"sft step {i + 1}/{steps_}  loss {loss:.4f}")
   return state.params, float(metrics["sft_loss"]) if steps_ else loss
+
+
+def cache_key(*parts) -> str:
+  """A short sha256 of ``parts`` (JSON-serialised, keys sorted): the identity of a warm start."""
+  blob = json.dumps(parts, sort_keys=True, default=str).encode()
+  return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def cached_sft(cache_dir: str, key: str, params, train: Callable[[], tuple]) -> tuple:
+  """Returns ``train()``'s ``(params, last_loss)``, stored in ``cache_dir/sft-<key>.safetensors``
+  and reloaded from there when the same ``key`` comes again (``last_loss`` NaN then).
+
+  The SFT warm-up is deterministic given its config, task and seed, so experiments that run many
+  arms from the same seed train it once (the loaded parameters are bit-identical to retraining).
+  ``cache_dir`` "" turns the cache off. The file is written to a temporary name and renamed, so a
+  killed run never leaves a half-written warm start. ``params`` (a pure dict) gives the tree
+  structure and dtypes (``train`` may donate its buffers); a cached file whose tensors do not match it raises ValueError naming the
+  file (delete it to retrain)."""
+  if not cache_dir:
+    return train()
+  from flax import traverse_util  # pylint: disable=import-outside-toplevel
+  from safetensors.numpy import load_file, save_file  # pylint: disable=import-outside-toplevel
+  path = os.path.join(cache_dir, f"sft-{key}.safetensors")
+  def name(path_tuple):  # tuple keys keep int layer indices; the file uses "a/0/b" names
+    return "/".join(map(str, path_tuple))
+  flat = traverse_util.flatten_dict(params)
+  if os.path.exists(path):
+    stored = load_file(path)
+    names = {name(k): k for k in flat}
+    bad = sorted(set(stored) ^ set(names)) + [n for n, k in names.items() if n in stored and (
+        stored[n].shape != tuple(flat[k].shape) or stored[n].dtype != flat[k].dtype)]
+    if bad:
+      raise ValueError(f"SFT cache {path} does not match the model (e.g. {bad[:3]}); delete the "
+                       "file or set sft.cache_dir=''.")
+    tree = traverse_util.unflatten_dict({k: jnp.asarray(stored[n]) for n, k in names.items()})
+    return tree, float("nan")
+  new_params, loss = train()
+  os.makedirs(cache_dir, exist_ok=True)
+  tmp = f"{path}.tmp{os.getpid()}"
+  save_file({name(k): np.asarray(v) for k, v in traverse_util.flatten_dict(new_params).items()},
+            tmp)
+  os.replace(tmp, path)
+  return new_params, loss
