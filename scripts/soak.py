@@ -1,5 +1,5 @@
-"""Soak test (not in CI): runs the main job for --minutes, SIGKILLs it every --kill_every_s
-seconds (and restarts it, so it resumes), with injected environment faults (exceptions, hangs,
+"""Soak test (not in CI): runs the main job for --minutes, SIGKILLs it after a random
+0.5-1.5 x --kill_every_s seconds (and restarts it, so it resumes), with injected environment faults (exceptions, hangs,
 NaN rewards at --env_fault_rate), then checks that no state was lost and memory stayed bounded.
 
     python scripts/soak.py --minutes 20 --run_dir /tmp/sao_soak
@@ -12,6 +12,7 @@ peak RSS. Prints a JSON summary (also written to <run_dir>/soak_summary.json).
 import argparse
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -37,20 +38,27 @@ def main():
   ap.add_argument("--kill_every_s", type=float, default=60)
   ap.add_argument("--env_fault_rate", type=float, default=0.02)
   ap.add_argument("--run_dir", default="/tmp/sao_soak")
+  ap.add_argument("--seed", type=int, default=0, help="seed of the kill times")
   ap.add_argument("--extra", nargs="*", default=[])
   a = ap.parse_args()
   args = [sys.executable, "-m", "sao_jax.main", "--config=configs/arith_tool.py:smoke",
           f"--config.run_dir={a.run_dir}", "--config.train.num_steps=100000",
+          f"--config.sft.cache_dir={a.run_dir}_sft_cache",  # a restart before the first
+          # checkpoint reuses the warm start instead of retraining it (and being killed again)
           "--config.checkpoint.every_steps=2", "--config.eval.every_steps=0",
           "--config.log.tensorboard=False", "--config.rollout.env_timeout_s=2.0", *a.extra]
   env = dict(os.environ, SAO_FAULT_ENV_RATE=str(a.env_fault_rate), PYTHONUNBUFFERED="1")
   t_end = time.time() + 60 * a.minutes
   incarnations = []
   log = open(os.path.join(a.run_dir + "_soak.log"), "a")
+  rng = random.Random(a.seed)
   while time.time() < t_end:
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     t0, peak, samples = time.time(), 0.0, []
-    while proc.poll() is None and time.time() - t0 < a.kill_every_s and time.time() < t_end:
+    # SIGKILL after a uniform [0.5, 1.5] x kill_every_s (seeded): kills land at different points
+    # of the step (rollout, train step, checkpoint save) instead of in phase with them
+    life = rng.uniform(0.5, 1.5) * a.kill_every_s
+    while proc.poll() is None and time.time() - t0 < life and time.time() < t_end:
       r = rss_mb(proc.pid)
       if r:
         peak = max(peak, r)
