@@ -20,6 +20,12 @@ publishes ``(params, version)`` over gRPC (``PublishWeights``) or writes them to
 (``--weights_dir``, polled every ``--poll_s``); both land in one ``WeightStore``. The rollout
 worker and JetStream's generate thread pick up the newest version between generate steps
 (in-flight updates), so JetStream serving also follows training.
+
+Restart: a host that is killed and started again (same address) comes back at version -1 with a
+new ``instance`` id (in every ``Take`` / ``Status`` / ``PublishWeights`` reply); the trainer's
+``HostPool`` notices, re-sends its latest ``(params, version)`` and only then pulls again, so a
+restarted host never samples with its random init. Trajectories still queued in a killed host
+are lost with it (the trainer never counted them).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import logging
 import queue as queue_lib
 import threading
 import time
+import uuid
 from concurrent import futures
 from typing import Any, Optional
 
@@ -96,11 +103,14 @@ class RolloutHost:
     self.config, self.port, self.rl_port = config, port, rl_port
     self.weights_dir, self.poll_s = weights_dir, poll_s
     self.name = name or f"host{host_index}:{rl_port}"
+    # new on every start: lets the trainer tell a restarted host (weights lost) from a live one
+    self.instance = uuid.uuid4().hex
     self.task = tasks.make_task(config)
     self.mcfg = model_config(config, self.task.tokenizer.vocab_size)
     graphdef, params = nnx.split(Transformer(self.mcfg, rngs=nnx.Rngs(config.seed)))
     self.like = nnx.to_pure_dict(params)
     self.store = WeightStore(self.like, version=-1)
+    self._publish_lock = threading.Lock()
     r = config.rollout
     policy = r.get("staleness_policy", "none")
     max_staleness = r.get("max_staleness", None)
@@ -131,7 +141,8 @@ class RolloutHost:
 
   # ---- RolloutHost service -----------------------------------------------------------------------
   def _take(self, request: bytes, context):
-    """Up to ``max_items`` finished trajectories; waits up to ``timeout_s`` for the first."""
+    """Up to ``max_items`` finished trajectories; waits up to ``timeout_s`` for the first.
+    The reply also carries this host's weights ``version`` and ``instance`` id."""
     del context
     req = wire.unpack(request)
     items = []
@@ -143,14 +154,21 @@ class RolloutHost:
       except queue_lib.Empty:
         break
       items.append(wire.trajectory_to_dict(traj, self.name))
-    return wire.pack({"items": {str(i): x for i, x in enumerate(items)}})
+    return wire.pack({"items": {str(i): x for i, x in enumerate(items)},
+                      "version": self.store.version, "instance": self.instance})
+
+  def _offer(self, params, version: int) -> None:
+    """Publishes ``(params, version)`` if newer than the store's; older or equal versions (a
+    trainer re-sending after a reconnect, gRPC and ``--weights_dir`` racing) are ignored."""
+    with self._publish_lock:
+      if version > self.store.version:
+        self.store.publish(params, version)
 
   def _publish(self, request: bytes, context):
     del context
     params, version = wire.params_from_bytes(request, self.like)
-    if version > self.store.version:
-      self.store.publish(params, version)
-    return wire.pack({"version": self.store.version})
+    self._offer(params, version)
+    return wire.pack({"version": self.store.version, "instance": self.instance})
 
   def _status(self, request: bytes, context):
     del request, context
@@ -158,6 +176,7 @@ class RolloutHost:
     return wire.pack({"version": self.store.version, "trajectories": s.trajectories,
                       "tokens_sampled": s.tokens_sampled, "queue_size": self.queue.qsize(),
                       "weight_updates": s.weight_updates, "name": self.name,
+                      "instance": self.instance,
                       "worker_error": repr(self.worker.error) if self.worker.error else ""})
 
   def _rl_handler(self):
@@ -182,7 +201,7 @@ class RolloutHost:
     while not self.stop_event.wait(self.poll_s):
       got = wire.read_latest_weights(self.weights_dir, self.like, self.store.version)
       if got is not None:
-        self.store.publish(*got)
+        self._offer(*got)
 
   def start(self) -> "RolloutHost":
     self.rl_server = grpc.server(futures.ThreadPoolExecutor(max_workers=16),

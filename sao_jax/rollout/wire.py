@@ -5,13 +5,17 @@ log-probs, no policy versions, no multi-turn observations. Rather than fork its 
 inference host serves a second, sao_jax-owned gRPC service next to JetStream's:
 
   service ``sao_jax.RolloutHost`` (no ``.proto`` file: grpc generic handlers + msgpack bodies)
-    ``Take({max_items, timeout_s}) -> {items: [Trajectory, ...]}``  up to ``max_items``
-        finished RL trajectories (pull-based: the trainer asks for as many as its bounded queue
-        has room for, so nothing piles up in gRPC's flow-control window), each with per-token ``tokens`` int32 [L], ``action_mask`` float32 [L], ``logprobs`` float32 [L]
+    ``Take({max_items, timeout_s}) -> {items: [Trajectory, ...], version, instance}``  up to
+        ``max_items`` finished RL trajectories (pull-based: the trainer asks for as many as its
+        bounded queue has room for, so nothing piles up in gRPC's flow-control window), each
+        with per-token ``tokens`` int32 [L], ``action_mask`` float32 [L], ``logprobs`` float32 [L]
         (the engine's log-prob of each sampled token; 0 off actions) and ``policy_version``
         int32 [L] (-1 off actions), plus reward, turns, truncation, info, host and timestamps;
-    ``PublishWeights(Weights) -> Ack``  the trainer's ``(params, version)``;
-    ``Status(Empty) -> Status``  version, counters, queue size.
+        ``version`` is the host's current weights version and ``instance`` a random id drawn at
+        host start (a changed id = the host restarted and lost its weights);
+    ``PublishWeights(Weights) -> {version, instance}``  the trainer's ``(params, version)``
+        (ignored unless newer than the host's version);
+    ``Status(Empty) -> Status``  version, instance, counters, queue size.
 
 Message bodies are msgpack (``flax.serialization.msgpack_serialize``: numpy arrays travel as raw
 little-endian buffers with dtype and shape, so float32 log-probs arrive bit-exact). Params travel
