@@ -20,23 +20,14 @@ from sao_jax.train.loop import critic_from_policy, model_config
 from sao_jax.train.sao import SAOConfig, SAOTrainer
 from sao_jax.train.steps import token_logprobs
 from sao_jax import tasks
+from rollout_fixtures import host_config, host_overrides
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OVERRIDES = ["--config.rollout.slots=8", "--config.rollout.kv_on_update=recompute",
-             "--config.rollout.queue_size=2", "--config.model.d_model=32",
-             "--config.model.head_dim=8", "--config.model.d_ff=64"]
+OVERRIDES = host_overrides(rollout__kv_on_update="recompute")
 
 
 def _config():
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  spec = importlib.util.spec_from_file_location("arith_cfg", os.path.join(ROOT, "configs",
-                                                                          "arith_tool.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config("smoke")
-  c.rollout.slots, c.rollout.kv_on_update, c.rollout.queue_size = 8, "recompute", 2
-  c.model.d_model, c.model.head_dim, c.model.d_ff = 32, 8, 64
-  return c
+  return host_config(rollout__kv_on_update="recompute")
 
 
 def test_grpc_host_feeds_five_sao_steps(tmp_path):

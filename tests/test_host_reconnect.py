@@ -27,6 +27,7 @@ from sao_jax.rollout import client, wire
 from sao_jax.rollout.staleness import StalenessStats, take_batch
 from sao_jax.rollout.sync import TrajectoryQueue
 from sao_jax.rollout.trajectory import Trajectory
+from rollout_fixtures import host_config, host_overrides
 from sao_jax.train.loop import model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -211,20 +212,11 @@ def test_a_host_refusing_the_weights_is_a_permanent_error():
 
 
 # ---- real host subprocesses ----------------------------------------------------------------------
-OVERRIDES = ["--config.rollout.slots=8", "--config.rollout.queue_size=2",
-             "--config.model.d_model=32", "--config.model.head_dim=8", "--config.model.d_ff=64"]
+OVERRIDES = host_overrides()
 
 
 def _config():
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  spec = importlib.util.spec_from_file_location("arith_cfg", os.path.join(ROOT, "configs",
-                                                                          "arith_tool.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config("smoke")
-  c.rollout.slots, c.rollout.queue_size = 8, 2
-  c.model.d_model, c.model.head_dim, c.model.d_ff = 32, 8, 64
-  return c
+  return host_config()
 
 
 def _start_host(rl_port, index, name, log_path):
