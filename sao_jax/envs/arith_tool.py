@@ -190,7 +190,8 @@ def tool_latency(
         return 0.0
     action = np.asarray([int(t) for t in action_ids], np.int64).tobytes()
     ss = np.random.SeedSequence(
-        [int(seed) & 0xFFFFFFFF, _hash64(str(problem_id).encode("utf-8")), int(turn), _hash64(action)]
+        [int(seed) & 0xFFFFFFFF, _hash64(str(problem_id).encode("utf-8")), int(turn),
+         _hash64(action)]
     )
     z = float(np.random.default_rng(ss).standard_normal())
     return float(median_s * math.exp(sigma * z))

@@ -149,10 +149,12 @@ class RolloutWorker:
     self.waiting = False  # the problem source returned None (nothing to admit right now)
     self.stats = WorkerStats()
     self.error: Optional[BaseException] = None
-    self._env_pool = (concurrent.futures.ThreadPoolExecutor(env_workers, thread_name_prefix="env-step")
+    self._env_pool = (concurrent.futures.ThreadPoolExecutor(env_workers,
+                                                            thread_name_prefix="env-step")
                       if env_workers > 0 else None)
     self._pending: dict[int, _PendingEnv] = {}  # slot -> its env.step in flight
     self._stats_lock = threading.Lock()
+    self._sink_since: Optional[float] = None  # perf_counter when a sink call (queue.put) began
 
   # ---- helpers ----------------------------------------------------------------------------------
   def _prefill(self, ids, prefix=None):
@@ -311,11 +313,21 @@ class RolloutWorker:
     self.stats.trajectories += 1
     if self.admission is not None:
       self.admission.finish(accepted=not info.get("failed", False))
-    t0 = time.perf_counter()
+    with self._stats_lock:
+      self._sink_since = time.perf_counter()
     accepted = self.sink(traj)
-    self.stats.sink_s += time.perf_counter() - t0
+    with self._stats_lock:
+      self.stats.sink_s += time.perf_counter() - self._sink_since
+      self._sink_since = None
     if not accepted:
       self.exhausted = True
+
+  def sink_s_now(self) -> float:
+    """``stats.sink_s`` plus the sink call in progress, if any (a full queue can block the
+    worker for many seconds; this counts that time when it is spent, not when it ends)."""
+    with self._stats_lock:
+      since = self._sink_since
+      return self.stats.sink_s + (time.perf_counter() - since if since is not None else 0.0)
 
   def _recompute_kv(self) -> None:
     """Re-prefills every running slot's cached tokens with the current params (the pending,

@@ -342,8 +342,9 @@ def run(config) -> dict[str, Any]:
           tokens_per_s=(tokens - last_tokens) / max(now - last_time, 1e-9),
           wait_s=wait_s, train_s=train_s, queue_age_s=queue_age, queue_size=traj_queue.qsize(),
           rollout_generate_s=worker.stats.generate_s, rollout_prefill_s=worker.stats.prefill_s,
-          rollout_env_wait_s=worker.stats.env_wait_s, rollout_sink_s=worker.stats.sink_s,
-          rollout_idle_s=worker.stats.idle_s,
+          rollout_env_wait_s=worker.stats.env_wait_s, rollout_sink_s=worker.sink_s_now(),
+          rollout_trajectories=worker.stats.trajectories,
+          rollout_idle_s=worker.stats.idle_s, rollout_generate_steps=worker.stats.generate_steps,
           rollout_slot_occupancy=(worker.stats.decode_slot_steps
                                   / max(1, worker.stats.generate_steps * len(worker.slots))),
           policy_version=version, elapsed_s=now - t_job,

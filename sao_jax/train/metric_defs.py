@@ -103,9 +103,14 @@ METRICS: dict[str, MetricDef] = {
                              "because every running slot awaited its env.step (tool latency, "
                              "rollout.env_workers > 0)"),
     "rollout_sink_s": _m("s", "throughput", "cumulative time the rollout worker was blocked "
-                         "handing finished trajectories to the full queue (backpressure)"),
+                         "handing finished trajectories to the full queue (backpressure), "
+                         "including a block still in progress"),
     "rollout_idle_s": _m("s", "throughput", "cumulative time the rollout worker had nothing to "
                          "admit (grpo_sync barrier, staleness admission control)"),
+    "rollout_trajectories": _m("trajectories", "throughput", "cumulative trajectories the "
+                               "rollout worker finished (handed to the queue) since the start"),
+    "rollout_generate_steps": _m("steps", "throughput", "cumulative generate() calls of the "
+                                 "rollout engine since the start"),
     "rollout_slot_occupancy": _m("fraction", "throughput", "decoding slots / all slots, averaged "
                                  "over the generate steps since the start (slots that wait on "
                                  "their env or are empty do not count)"),
