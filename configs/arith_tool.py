@@ -18,6 +18,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.task.n_train = 4000           # training problems (cycled in a fixed shuffled order)
   c.task.n_eval = 200             # held-out problems (disjoint from train), greedy eval
   c.task.max_turns = 3            # policy turns per trajectory (tool call, answer, ...)
+  c.task.tool_latency_median_s = 0.0  # median s each tool call sleeps (lognormal; 0 = off)
+                                  # the long-tailed setting: seeded per trajectory
+                                  # (envs/arith_tool.py:tool_latency); greedy eval is unaffected
+  c.task.tool_latency_sigma = 1.0 # log-std of the tool latency (p99 = median * e^(2.33 sigma))
   c.task.train_file = ""          # task "math": JSONL training prompts (packaged name or a path)
   c.task.eval_file = ""           # task "math": held-out JSONL ("" = the first n_eval train prompts)
   c.task.system_prompt = ""       # task "math" with a chat template: system message ("" = default)
@@ -59,6 +63,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.max_staleness = 4     # eta: bound on policy_version lag under a staleness policy
   c.rollout.serve_slots = 8       # decode slots of a host's JetStream (Decode API) engine
   c.rollout.env_timeout_s = 30.0  # env.step wall-clock limit; over it the trajectory is failed
+  c.rollout.env_workers = -1      # env.step threads (-1 auto: slots if tool latency, else 0)
+                                  # N > 0: a slow tool call stalls only its own slot while the
+                                  # others decode; 0 = inline env.step (blocks every slot)
   c.rollout.lockstep = False      # True: deterministic synchronous rollout (bit-exact resume)
 
   c.train = ml_collections.ConfigDict()

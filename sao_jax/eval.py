@@ -230,7 +230,8 @@ def main(argv):
     env, stop_ids, name = MathEnv(tok), (tok.eos_id,), os.path.splitext(os.path.basename(path))[0]
   else:
     task = tasks.make_task(config)
-    problems, env, stop_ids = task.eval_problems, task.env, task.stop_ids
+    problems, stop_ids = task.eval_problems, task.stop_ids
+    env = task.eval_env if task.eval_env is not None else task.env
     name = f"{config.task.name}_heldout"
   if FLAGS.limit:
     problems = problems[:FLAGS.limit]

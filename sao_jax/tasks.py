@@ -10,12 +10,16 @@ import numpy as np
 
 @dataclasses.dataclass
 class Task:
+  """A built task. ``env`` is the training rollouts' environment; ``eval_env`` (None = ``env``)
+  the one greedy evaluation uses: the arith task's tool latency (``task.tool_latency_median_s``)
+  models the cost of training-time tool calls, so evaluation runs without the wait."""
   tokenizer: Any
   env: Any
   train_problems: list
   eval_problems: list
   stop_ids: tuple
   sft_demos: Optional[list] = None
+  eval_env: Any = None
 
 
 def make_task(config) -> Task:
@@ -30,11 +34,16 @@ def make_task(config) -> Task:
     from sao_jax.envs import arith_tool  # pylint: disable=import-outside-toplevel
     train = arith_tool.make_problems(config.task.n_train, seed=config.seed, split="train")
     evals = arith_tool.make_problems(config.task.n_eval, seed=config.seed, split="eval")
-    env = arith_tool.ArithToolEnv(tok, max_turns=config.task.max_turns)
+    env = arith_tool.ArithToolEnv(
+        tok, max_turns=config.task.max_turns,
+        tool_latency_median_s=config.task.get("tool_latency_median_s", 0.0),
+        tool_latency_sigma=config.task.get("tool_latency_sigma", 1.0), seed=config.seed)
+    eval_env = (arith_tool.ArithToolEnv(tok, max_turns=config.task.max_turns)
+                if env.tool_latency_median_s > 0 else None)
     demos = arith_tool.make_sft_dataset(train[:config.sft.num_demos], p_tool=config.sft.p_tool,
                                         seed=config.seed, tokenizer=tok,
                                         p_guess_correct=config.sft.p_guess_correct)
-    return Task(tok, env, train, evals, tuple(tok.stop_ids), demos)
+    return Task(tok, env, train, evals, tuple(tok.stop_ids), demos, eval_env)
   if name == "style_switch":  # online-learning task (experiments/online_style.py)
     from sao_jax.envs import arith_tool, style_switch  # pylint: disable=import-outside-toplevel
     train = arith_tool.make_problems(config.task.n_train, seed=config.seed, split="train")

@@ -1,9 +1,16 @@
-"""The benchmark scripts' --quick modes run and produce well-formed results (no speed asserts)."""
+"""The benchmark scripts' --quick modes run and produce well-formed results (no speed asserts).
+
+The scripts (and the pipeline's child processes) share a persistent JAX compilation cache across
+test sessions (``JAX_COMPILATION_CACHE_DIR``; default ``$TMPDIR/sao_jax_jit_cache_<uid>``,
+override with ``SAO_JAX_TEST_COMPILE_CACHE``; ``SAO_JAX_TEST_COMPILE_CACHE=off`` disables it):
+compilation is most of a quick run, and a warm cache skips it. Entries are keyed by the program,
+the jax/XLA version and the flags, so a stale entry is never reused for a different program."""
 
 import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -11,11 +18,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
 
 
+def _cache_env() -> dict:
+  cache = os.environ.get("SAO_JAX_TEST_COMPILE_CACHE",
+                         os.path.join(tempfile.gettempdir(), f"sao_jax_jit_cache_{os.getuid()}"))
+  if cache == "off":
+    return {}
+  return {"JAX_COMPILATION_CACHE_DIR": cache,
+          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # cache every compiled program
+          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
 def _run(script, tmp_path, *extra):
   out = tmp_path / "out.json"
   proc = subprocess.run([sys.executable, os.path.join(BENCH, script), "--quick", "--json",
                          str(out), *extra], capture_output=True, text=True, cwd=ROOT,
-                        check=False, timeout=600)
+                        check=False, timeout=600, env=dict(os.environ, **_cache_env()))
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(out.read_text())
 
@@ -42,7 +59,11 @@ def test_sampler_quick(tmp_path):
 
 @pytest.mark.parametrize("mode", ["sao"])
 def test_pipeline_quick(tmp_path, mode):
-  rec = _run("bench_pipeline.py", tmp_path, "--modes", mode)
+  """The long-tailed setting (tool latency, env.step on a thread pool) through the whole job."""
+  rec = _run("bench_pipeline.py", tmp_path, "--modes", mode, "--tool_latency", "lognormal:0.05:1")
   (row,) = rec["rows"]
   assert row["mode"] == mode and row["steps"] == 1
-  assert 0.0 <= row["trainer_idle"] <= 1.0
+  assert rec["overrides"]["task.tool_latency_median_s"] == 0.05
+  assert rec["tool_latency"].startswith("lognormal per tool call: median 0.05 s, sigma 1.0")
+  for key in ("trainer_idle", "engine_idle", "steady_engine_busy", "steady_slot_occupancy"):
+    assert 0.0 <= row[key] <= 1.0, key

@@ -18,6 +18,7 @@ from sao_jax.envs.arith_tool import (
     make_sft_dataset,
     problem_expression,
     split_of,
+    tool_latency,
 )
 from sao_jax.envs.base import Env, EnvStep
 from sao_jax.envs.grading import extract_boxed, grade
@@ -230,6 +231,53 @@ def test_arith_full_tool_episode_reward_1():
     assert TOK.decode(seq) == (
         "<bos>Compute 347*29-118.\n<tool>347*29-118</tool><obs>9945</obs>\\boxed{9945}<eos>"
     )
+
+
+def test_tool_latency_hand_values_and_determinism():
+    # sigma = 0: exactly the median, whatever the trajectory; median 0: off
+    assert tool_latency("a", 0, [1, 2], 0.25, 0.0) == 0.25
+    assert tool_latency("zz#g3", 2, [9], 0.25, 0.0, seed=7) == 0.25
+    assert tool_latency("a", 0, [1, 2], 0.0, 3.0) == 0.0
+    # a draw is median * exp(sigma * z) with the same z for every (median, sigma)
+    z = np.log(tool_latency("a", 0, [1, 2], 1.0, 1.0))
+    assert tool_latency("a", 0, [1, 2], 0.2, 1.5) == pytest.approx(0.2 * np.exp(1.5 * z))
+    # deterministic per (seed, problem id, turn, action); any of them changes the draw
+    base = tool_latency("a", 0, [1, 2], 0.2, 1.0)
+    assert base == tool_latency("a", 0, [1, 2], 0.2, 1.0)
+    for other in (tool_latency("b", 0, [1, 2], 0.2, 1.0), tool_latency("a", 1, [1, 2], 0.2, 1.0),
+                  tool_latency("a", 0, [1, 3], 0.2, 1.0),
+                  tool_latency("a", 0, [1, 2], 0.2, 1.0, seed=1)):
+        assert other != base
+    with pytest.raises(ValueError, match="tool_latency_median_s"):
+        tool_latency("a", 0, [], -0.1, 1.0)
+    with pytest.raises(ValueError, match="tool_latency_sigma"):
+        ArithToolEnv(TOK, tool_latency_median_s=0.2, tool_latency_sigma=-1.0)
+
+
+def test_tool_latency_is_lognormal_with_the_stated_median_and_tail():
+    """median 0.2 s, sigma 1: median 0.2, P(> 0.2 e) = 15.9%, P(> 0.2 e^2.326) = 1%,
+    mean 0.2 e^0.5 = 0.330 (4000 seeded draws, so the bounds are a few standard errors)."""
+    x = np.array([tool_latency(f"arith-train-0-{i:06d}", 0, [5, 6], 0.2, 1.0)
+                  for i in range(4000)])
+    assert (x > 0).all()
+    assert np.median(x) == pytest.approx(0.2, rel=0.06)
+    assert np.mean(x > 0.2 * np.e) == pytest.approx(0.1587, abs=0.02)
+    assert np.mean(x > 0.2 * np.exp(2.326)) == pytest.approx(0.01, abs=0.005)
+    assert np.mean(x) == pytest.approx(0.2 * np.exp(0.5), rel=0.08)
+    z = np.log(x / 0.2)
+    assert np.mean(z) == pytest.approx(0.0, abs=0.05) and np.std(z) == pytest.approx(1.0, abs=0.05)
+
+
+def test_arith_tool_call_sleeps_the_latency_and_answers_do_not():
+    env = ArithToolEnv(TOK, tool_latency_median_s=0.15, tool_latency_sigma=0.0)
+    t0 = time.perf_counter()
+    s0 = env.step(PROB, 0, enc("<tool>347*29-118</tool>"))
+    assert time.perf_counter() - t0 >= 0.15
+    assert s0.info["tool_latency_s"] == 0.15 and s0.observation_ids == enc("<obs>9945</obs>")
+    t0 = time.perf_counter()
+    s1 = env.step(PROB, 1, enc("\\boxed{9945}<eos>"))
+    assert time.perf_counter() - t0 < 0.15 and s1.reward == 1.0
+    assert ArithToolEnv(TOK).step(PROB, 0, enc("<tool>1+1</tool>")).info["tool_latency_s"] == 0.0
 
 
 def test_arith_wrong_box_and_no_box():

@@ -2,6 +2,8 @@
 worker's admission control."""
 
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -150,3 +152,118 @@ def test_worker_admission_control_caps_rollouts_started_ahead_of_the_trainer():
   for _ in range(40):
     worker.step()
   assert len(out) == 6 and adm.accepted == 6
+
+
+ALL_IDS = tuple(range(CFG.vocab_size))  # every token ends its turn: one-token turns
+THIRD_IDS = tuple(range(2, CFG.vocab_size, 3))  # a third of the ids end a turn
+
+
+class SlowToolEnv(EchoEnv):
+  """EchoEnv whose turn-0 step (the tool call) sleeps ``delay[problem id]`` seconds."""
+
+  def __init__(self, delay):
+    self.delay = delay
+
+  def step(self, p, turn, action_ids):
+    if turn == 0:
+      time.sleep(self.delay.get(p.id, 0.0))
+    return super().step(p, turn, action_ids)
+
+
+def _slow_run(env_workers, slow_s, n=7, slots=3):
+  """Problem "slow" (slot 0) waits ``slow_s`` on its tool call; the others do not. Near-uniform
+  sampling (temperature 3) with every third token id a stop token gives turns of a few tokens,
+  so other slots keep decoding (generate steps) while "slow" waits."""
+  graphdef, params, engine = _setup(slots=slots, temperature=3.0)
+  problems = [P("warm", [11, 12, 13])] + [P(str(i), [11, 12, 13]) for i in range(n)]
+  # warm-up rollout (compiles prefill / generate / insert) so that timings below are decode only
+  RolloutWorker(engine, EchoEnv(), iter(problems[:1]), lambda t: True, WeightStore(params),
+                stop_ids=THIRD_IDS, max_new_tokens=30, max_seq_len=CFG.max_seq_len).run()
+  out, times = [], {}
+  problems = [P("slow", [11, 12, 13])] + problems[1:]
+
+  def sink(t):
+    out.append(t)
+    times[t.problem_id] = time.perf_counter()
+    return True
+
+  worker = RolloutWorker(engine, SlowToolEnv({"slow": slow_s}), iter(problems), sink,
+                         WeightStore(params), stop_ids=THIRD_IDS, max_new_tokens=30,
+                         max_seq_len=CFG.max_seq_len, seed=3, env_workers=env_workers)
+  t0 = time.perf_counter()
+  worker.run()
+  assert len(out) == n + 1
+  return graphdef, params, out, {k: v - t0 for k, v in times.items()}, worker
+
+
+def test_slow_tool_call_does_not_stop_other_slots_with_env_workers():
+  """SAO's rollout with env.step off the decode loop: while "slow" waits 2 s on its tool call,
+  its two slot neighbours finish and the remaining problems run through those two slots; "slow"
+  lands last. Its continuation (prefilled onto the KV cache set aside at the tool call, while its
+  slot position kept decoding discarded tokens) has the log-probs of a full forward pass."""
+  graphdef, params, out, done_at, worker = _slow_run(env_workers=3, slow_s=2.0)
+  assert out[-1].problem_id == "slow"
+  assert max(v for k, v in done_at.items() if k != "slow") < done_at["slow"] - 0.5
+  assert done_at["slow"] >= 2.0
+  assert worker.stats.env_slot_steps > 0  # generate steps ran while "slow" waited
+  slow = out[-1]
+  obs = np.nonzero(slow.action_mask[4:] == 0)[0] + 4  # after the prompt: the observation
+  assert slow.num_turns == 2 and slow.tokens[obs].tolist() == [6, 7, 8, 9]
+  # one jitted causal forward over all trajectories, right-padded to max_seq_len
+  padded = np.zeros((len(out), CFG.max_seq_len), np.int32)
+  for b, traj in enumerate(out):
+    padded[b, :len(traj.tokens)] = traj.tokens
+  fwd = jax.jit(lambda p, t: token_logprobs(
+      nnx.merge(graphdef, p)(t, default_positions(t))[0], t, 3.0))
+  full = np.asarray(fwd(params, jnp.asarray(padded)))
+  for b, traj in enumerate(out):
+    mask = traj.action_mask > 0
+    np.testing.assert_allclose(traj.logprobs[mask], full[b, :len(traj.tokens)][mask], atol=1e-5)
+
+
+def test_inline_env_step_blocks_every_slot():
+  """Contrast (env_workers=0, the deterministic default): the slow tool call stops decoding for
+  all slots, so no trajectory can finish before it returns."""
+  _, _, out, done_at, _ = _slow_run(env_workers=0, slow_s=1.0, n=4)
+  assert min(done_at.values()) >= 1.0
+
+
+def test_kv_recompute_applies_to_a_slot_waiting_on_its_env():
+  """kv_on_update="recompute" + a weight update while the slot's tool call is in flight: the
+  set-aside KV cache is recomputed too, so the tokens after the tool call have exactly the new
+  weights' full-forward log-probs."""
+  graphdef, params, engine = _setup(slots=1)
+  params2 = jax.tree.map(lambda x: x * 1.3, params)
+  store, out = WeightStore(params, 0), []
+  worker = RolloutWorker(engine, SlowToolEnv({"0": 0.5}), iter([P("0", [11, 12, 13])]),
+                         lambda t: out.append(t) or True, store, stop_ids=ALL_IDS,
+                         max_new_tokens=4, max_seq_len=CFG.max_seq_len, kv_on_update="recompute",
+                         env_workers=1)
+  while not worker._pending:  # pylint: disable=protected-access
+    worker.step()
+  store.publish(params2, 1)
+  worker.run()
+  traj = out[0]
+  assert worker.stats.kv_recomputes == 1
+  new = np.nonzero((traj.action_mask > 0) & (traj.policy_version == 1))[0]
+  assert new.tolist() == [9]  # turn 1's token, sampled after the observation
+  full_new = np.asarray(token_logprobs(_logits(graphdef, params2, traj.tokens)[0],
+                                       traj.tokens[None]))[0]
+  np.testing.assert_allclose(traj.logprobs[new], full_new[new], atol=1e-5)
+
+
+def test_env_workers_auto_follows_the_tool_latency_and_eval_runs_without_it():
+  import ml_collections
+  from configs import arith_tool
+  from sao_jax import tasks
+  from sao_jax.rollout.worker import env_workers_for
+  c = arith_tool.get_config("smoke")
+  assert env_workers_for(c) == 0  # the default task: inline env.step, as before
+  c.task.tool_latency_median_s = 0.2
+  assert env_workers_for(c) == c.rollout.slots
+  c.rollout.env_workers = 2
+  assert env_workers_for(c) == 2
+  task = tasks.make_task(c)
+  assert task.env.tool_latency_median_s == 0.2 and task.env.tool_latency_sigma == 1.0
+  assert task.eval_env is not None and task.eval_env.tool_latency_median_s == 0.0
+  assert tasks.make_task(ml_collections.ConfigDict(arith_tool.get_config("smoke"))).eval_env is None

@@ -41,6 +41,12 @@ def test_shipped_configs_are_valid(name, variant):
     ("task.name", "chess", "config.task.name = 'chess': must be one of"),
     ("rollout.max_prefill_length", 4096, "must be <= model.max_seq_len"),
     ("train.policy_lr", float("nan"), "config.train.policy_lr = nan: must be finite"),
+    ("task.tool_latency_median_s", -0.2,
+     "config.task.tool_latency_median_s = -0.2: must be >= 0 seconds"),
+    ("task.tool_latency_sigma", -1.0, "config.task.tool_latency_sigma = -1.0: must be >= 0"),
+    ("task.tool_latency_median_s", 2.0,  # 2 e^4 = 109 s > env_timeout_s = 30
+     "config.task.tool_latency_median_s = 2.0: its tail (median * e^(4 sigma)"),
+    ("rollout.env_workers", -2, "config.rollout.env_workers = -2: must be >= -1"),
 ])
 def test_impossible_values_name_the_field_and_the_fix(field, value, needle):
   c = _config()
@@ -50,6 +56,15 @@ def test_impossible_values_name_the_field_and_the_fix(field, value, needle):
     validate_config(c, num_devices=8)
   assert needle in str(ei.value)
   assert "fix:" in str(ei.value)
+
+
+def test_tool_latency_only_for_the_arith_task_and_a_sane_setting_passes():
+  c = _config()
+  c.task.tool_latency_median_s, c.task.tool_latency_sigma = 0.2, 1.0
+  validate_config(c, num_devices=1)  # 0.2 e^4 = 10.9 s < 30 s
+  c.task.name = "math"
+  with pytest.raises(ConfigError, match="only implemented for task.name='arith_tool'"):
+    validate_config(c, num_devices=1)
 
 
 def test_unknown_keys_and_wrong_types_are_all_listed_in_one_error():

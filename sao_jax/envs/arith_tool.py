@@ -54,13 +54,29 @@ Episode rules (``ArithToolEnv.step``)
 ``info`` always has ``tool_calls`` (0/1 for this step; sum over steps for an
 episode), ``truncated``, ``stop`` (``"tool" | "eos" | "length"``) and
 ``answer`` (this turn's boxed content or None); tool steps add
-``tool_expr`` / ``tool_result``.
+``tool_expr`` / ``tool_result`` / ``tool_latency_s``.
+
+Tool latency (the long-tailed setting, ``task.tool_latency_median_s`` > 0)
+----------------------------------------------------------------------------
+Real agentic RL waits on sandboxes and tools whose call times are heavy-tailed.
+With ``tool_latency_median_s=m`` and ``tool_latency_sigma=s`` every tool call
+(a step that runs the calculator) sleeps ``tool_latency(...)`` seconds before it
+returns: a lognormal draw ``m * exp(s * z)``, ``z ~ N(0, 1)``, so the median is
+``m``, the 84th percentile ``m * e^s`` and the 99th ``m * e^(2.326 s)``
+(m=0.2 s, s=1: median 0.2 s, mean 0.33 s, p99 2.05 s).  ``z`` is drawn from
+``SeedSequence([seed, hash(problem id), turn, hash(action tokens)])``: the same
+trajectory always waits the same time, while different samples of a prompt
+draw independently unless they make the identical call.  The wait is a real
+``time.sleep`` inside ``step`` (what a slow tool call looks like to the rollout
+worker); ``m = 0`` (the default) is off.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
+import time
 from typing import Sequence
 
 import numpy as np
@@ -72,6 +88,7 @@ from sao_jax.envs.grading import extract_boxed, grade
 
 __all__ = [
     "ArithToolEnv",
+    "tool_latency",
     "EVAL_HASH_BUCKETS",
     "TEMPLATES",
     "make_demo",
@@ -138,6 +155,48 @@ def problem_expression(problem: Problem) -> str:
     return m.group(1)
 
 
+def _hash64(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def tool_latency(
+    problem_id: str,
+    turn: int,
+    action_ids: Sequence[int],
+    median_s: float,
+    sigma: float,
+    seed: int = 0,
+) -> float:
+    """Seconds one tool call waits: ``median_s * exp(sigma * z)``, ``z ~ N(0, 1)`` (lognormal).
+
+    Args:
+      problem_id: the problem's id (grpo group members carry ``#g<ordinal>``).
+      turn: the policy turn (0-based) that made the call.
+      action_ids: that turn's action tokens (ints).
+      median_s: median latency in seconds (0 = off: returns 0.0).
+      sigma: standard deviation of ``log(latency)`` (0 = always exactly ``median_s``).
+      seed: ``config.seed``.
+
+    Returns a float >= 0, deterministic in all arguments: ``z`` is the first standard normal of
+    ``np.random.default_rng(SeedSequence([seed, blake2b(problem_id), turn, blake2b(action)]))``.
+    Raises ValueError for ``median_s < 0`` or ``sigma < 0``.
+    """
+    if median_s < 0 or sigma < 0 or not math.isfinite(median_s) or not math.isfinite(sigma):
+        raise ValueError(
+            f"task.tool_latency_median_s={median_s} and task.tool_latency_sigma={sigma} must be "
+            "finite and >= 0 (use e.g. 0.2 and 1.0, or median 0 for no latency)"
+        )
+    if median_s == 0:
+        return 0.0
+    action = np.asarray([int(t) for t in action_ids], np.int64).tobytes()
+    ss = np.random.SeedSequence(
+        [int(seed) & 0xFFFFFFFF, _hash64(str(problem_id).encode("utf-8")), int(turn),
+         _hash64(action)]
+    )
+    z = float(np.random.default_rng(ss).standard_normal())
+    return float(median_s * math.exp(sigma * z))
+
+
 def _prompt_text(problem: Problem) -> str:
     return problem.prompt + "\n"
 
@@ -156,13 +215,28 @@ def _run_tool(expr: str | None) -> str:
 
 
 class ArithToolEnv:
-    """Multi-turn arithmetic environment with a calculator tool (see module doc)."""
+    """Multi-turn arithmetic environment with a calculator tool (see module doc).
 
-    def __init__(self, tokenizer, max_turns: int = 3):
+    Args:
+      tokenizer: a ``CharTokenizer`` (or one with the same special tokens).
+      max_turns: policy turns per episode (>= 1).
+      tool_latency_median_s: median seconds each tool call sleeps (0 = no latency).
+      tool_latency_sigma: log-std of the lognormal tool latency (``tool_latency``).
+      seed: seed of the latency draws.
+
+    Raises ValueError for ``max_turns < 1`` or a negative latency parameter.
+    """
+
+    def __init__(self, tokenizer, max_turns: int = 3, tool_latency_median_s: float = 0.0,
+                 tool_latency_sigma: float = 1.0, seed: int = 0):
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        tool_latency("", 0, (), tool_latency_median_s, tool_latency_sigma)  # validates
         self.tokenizer = tokenizer
         self.max_turns = int(max_turns)
+        self.tool_latency_median_s = float(tool_latency_median_s)
+        self.tool_latency_sigma = float(tool_latency_sigma)
+        self.seed = int(seed)
 
     def prompt_ids(self, problem: Problem) -> list[int]:
         return [self.tokenizer.bos_id, *self.tokenizer.encode(_prompt_text(problem))]
@@ -194,7 +268,11 @@ class ArithToolEnv:
         starts = [i for i in range(len(ids) - 1) if ids[i] == tok.tool_start_id]
         expr = tok.decode(ids[starts[-1] + 1 : -1]) if starts else None
         result = _run_tool(expr)
-        info.update(tool_expr=expr, tool_result=result)
+        wait = tool_latency(getattr(problem, "id", ""), turn, ids, self.tool_latency_median_s,
+                            self.tool_latency_sigma, self.seed)
+        if wait > 0:
+            time.sleep(wait)  # a slow tool / sandbox call
+        info.update(tool_expr=expr, tool_result=result, tool_latency_s=wait)
         if last_turn:
             reward = grade(text, problem.answer) if boxed is not None else 0.0
             return EnvStep(observation_ids=[], done=True, reward=reward, info=info)

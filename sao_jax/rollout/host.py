@@ -50,7 +50,7 @@ from sao_jax.rollout import wire
 from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.staleness import AdmissionControl, check_policy
 from sao_jax.rollout.sync import TrajectoryQueue, WeightStore
-from sao_jax.rollout.worker import RolloutWorker
+from sao_jax.rollout.worker import RolloutWorker, env_workers_for
 
 
 class LiveWeightsEngine(SAOEngine):
@@ -134,7 +134,7 @@ class RolloutHost:
         lambda t: self.queue.put(t, self.stop_event), self.store, stop_ids=self.task.stop_ids,
         max_new_tokens=r.max_new_tokens, max_seq_len=config.model.max_seq_len,
         seed=config.seed + host_index, kv_on_update=r.get("kv_on_update", "keep"),
-        admission=admission)
+        admission=admission, env_workers=env_workers_for(config))
     self.jetstream_server = None
     self.rl_server = None
     self._threads: list[threading.Thread] = []

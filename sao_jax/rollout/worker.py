@@ -19,10 +19,21 @@ A trajectory ends on a stop token (eos or a tool call the env answers), a stop s
 ``max_turns`` or a length limit (per-turn ``max_new_tokens`` or ``max_seq_len``; recorded as
 ``truncated``); ``info["finish_reason"]`` says which. With ``admission`` (``AdmissionControl``)
 a new rollout starts only when AReaL's staleness rule allows it.
+
+Environment steps (``env_workers``): with 0 (the default) ``env.step`` is called inline in the
+decode loop, so a slow step (a tool call that waits on a sandbox) stops decoding for *every* slot
+until it returns; the rollout is then fully deterministic given the seed. With ``env_workers > 0``
+a finished turn's ``env.step`` runs on a thread pool of that size: the slot's KV cache is set
+aside (``engine.slot_prefix``), the slot sits out of decoding (its position in ``generate`` still
+computes, the result is discarded), the other slots keep decoding, and when the step returns its
+observation is prefilled onto the set-aside cache and the slot rejoins (or the trajectory is
+emitted). Which generate step a slot rejoins at depends on thread timing, so sampling is no longer
+reproducible bit for bit. ``rollout.env_workers`` (config) chooses; see ``env_workers_for``.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import threading
 import time
@@ -51,12 +62,35 @@ class _Slot:
 
 
 @dataclasses.dataclass
+class _PendingEnv:
+  """A slot whose turn ended and whose ``env.step`` runs on the pool (``env_workers > 0``)."""
+  future: concurrent.futures.Future
+  token: int         # the token that ended the turn (sampled, not yet in the KV cache)
+  ended: bool        # by a stop token / stop string (False: a length limit)
+  by_string: bool    # by a stop string
+  prefix: object     # the slot's KV cache when the turn ended (engine Prefix)
+
+
+@dataclasses.dataclass
 class WorkerStats:
+  """Counters of one worker (seconds are wall-clock, cumulative).
+
+  generate_s / prefill_s: time in the engine's generate / prefill calls (the engine is busy);
+  env_s: time inside ``env.step`` (summed over pool threads when ``env_workers > 0``, so it can
+  exceed the wall time); idle_s: slept because nothing could be admitted (grpo_sync barrier,
+  admission control); env_wait_s: waited because every running slot awaited its ``env.step``;
+  sink_s: blocked handing finished trajectories to the sink (a full queue: backpressure);
+  decode_slot_steps / env_slot_steps: summed over generate steps, slots decoding / slots waiting on
+  their env (slot occupancy = decode_slot_steps / (generate_steps * slots))."""
   generate_steps: int = 0
   generate_s: float = 0.0
   prefill_s: float = 0.0
   env_s: float = 0.0
   idle_s: float = 0.0
+  env_wait_s: float = 0.0
+  sink_s: float = 0.0
+  decode_slot_steps: int = 0
+  env_slot_steps: int = 0
   tokens_sampled: int = 0
   trajectories: int = 0
   env_errors: int = 0
@@ -83,17 +117,21 @@ class RolloutWorker:
     stop_strings: strings that end a turn like a stop token (matched on the decoded turn).
     max_turns: cap on policy turns per trajectory (None: the env's own limit).
     admission: optional shared ``AdmissionControl`` (staleness admission rule).
+    env_workers: 0 = call ``env.step`` inline (blocks every slot); N > 0 = run it on N threads
+      while the other slots keep decoding (module doc).
 
-  Raises ValueError for an unknown ``kv_on_update``.
+  Raises ValueError for an unknown ``kv_on_update`` or ``env_workers < 0``.
   """
 
   def __init__(self, engine: SAOEngine, env, problems: Iterator, sink: Callable[[Trajectory], bool],
                weights: WeightStore, *, stop_ids, max_new_tokens: int, max_seq_len: int,
                temperature: Optional[float] = None, seed: int = 0, kv_on_update: str = "keep",
                stop_strings=(), max_turns: Optional[int] = None,
-               admission: Optional[AdmissionControl] = None):
+               admission: Optional[AdmissionControl] = None, env_workers: int = 0):
     if kv_on_update not in ("keep", "recompute"):
       raise ValueError(f"rollout.kv_on_update={kv_on_update!r}; use 'keep' or 'recompute'.")
+    if env_workers < 0:
+      raise ValueError(f"env_workers={env_workers} must be >= 0 (0 = inline env.step).")
     self.kv_on_update = kv_on_update
     self.stop_strings = tuple(stop_strings)
     self.max_turns = max_turns
@@ -111,6 +149,12 @@ class RolloutWorker:
     self.waiting = False  # the problem source returned None (nothing to admit right now)
     self.stats = WorkerStats()
     self.error: Optional[BaseException] = None
+    self._env_pool = (concurrent.futures.ThreadPoolExecutor(env_workers,
+                                                            thread_name_prefix="env-step")
+                      if env_workers > 0 else None)
+    self._pending: dict[int, _PendingEnv] = {}  # slot -> its env.step in flight
+    self._stats_lock = threading.Lock()
+    self._sink_since: Optional[float] = None  # perf_counter when a sink call (queue.put) began
 
   # ---- helpers ----------------------------------------------------------------------------------
   def _prefill(self, ids, prefix=None):
@@ -165,17 +209,61 @@ class RolloutWorker:
       by_string = ended = any(text.endswith(x) for x in self.stop_strings)
     if not (ended or turn_len >= self.max_new_tokens or len(s.tokens) >= self.max_seq_len):
       return
+    if self._env_pool is not None:  # off the decode loop: the other slots keep decoding
+      self._pending[i] = _PendingEnv(
+          self._env_pool.submit(self._env_step, s.problem, s.turn, s.tokens[s.turn_start:]),
+          token, ended, by_string, self.engine.slot_prefix(self.state, i))
+      return
+    try:
+      step = self._env_step(s.problem, s.turn, s.tokens[s.turn_start:])
+    except Exception as e:  # a failing env/reward must not kill the run: record and go on
+      self._env_failed(i, e)
+      return
+    self._after_env(i, step, token, ended, by_string)
+
+  def _env_step(self, problem, turn, action):
     t0 = time.perf_counter()
     try:
-      step = self.env.step(s.problem, s.turn, s.tokens[s.turn_start:])
-    except Exception as e:  # a failing env/reward must not kill the run: record and go on
-      self.stats.env_errors += 1
-      self._finish(i, 0.0, truncated=False,
-                   info={"failed": True, "error": f"{type(e).__name__}: {e}",
-                         "traceback": traceback.format_exc(limit=3)})
-      return
+      return self.env.step(problem, turn, action)
     finally:
-      self.stats.env_s += time.perf_counter() - t0
+      with self._stats_lock:
+        self.stats.env_s += time.perf_counter() - t0
+
+  def _env_failed(self, i: int, e: BaseException) -> None:
+    """Records slot i's failed env.step as a failed trajectory (call inside ``except``)."""
+    self.stats.env_errors += 1
+    self._finish(i, 0.0, truncated=False,
+                 info={"failed": True, "error": f"{type(e).__name__}: {e}",
+                       "traceback": traceback.format_exc(limit=3)})
+
+  def _collect_env(self, block: bool) -> None:
+    """Feeds every finished pooled ``env.step`` back to its slot, in slot order. ``block``: first
+    wait (up to 50 ms) for at least one to finish -- the engine has nothing else to do."""
+    if not self._pending:
+      return
+    if block:
+      t0 = time.perf_counter()
+      concurrent.futures.wait([p.future for p in self._pending.values()], timeout=0.05,
+                              return_when=concurrent.futures.FIRST_COMPLETED)
+      self.stats.env_wait_s += time.perf_counter() - t0
+    for i in sorted(self._pending):
+      p = self._pending[i]
+      if not p.future.done():
+        continue
+      del self._pending[i]
+      try:
+        step = p.future.result()
+      except Exception as e:  # pylint: disable=broad-except  (as inline: a failed trajectory)
+        self._env_failed(i, e)
+        continue
+      self._after_env(i, step, p.token, p.ended, p.by_string, p.prefix)
+
+  def _after_env(self, i: int, step, token: int, ended: bool, by_string: bool,
+                 prefix=None) -> None:
+    """Slot i's env answered its turn: finish the trajectory or continue with the observation
+    prefilled onto the slot's KV cache (``prefix``: the cache set aside when the turn ended;
+    None = the slot's cache in the decode state)."""
+    s = self.slots[i]
     s.turn += 1
     s.tool_calls += int(step.info.get("tool_calls", 0))
     obs = list(step.observation_ids)
@@ -206,7 +294,9 @@ class RolloutWorker:
     s.logprobs.extend([0.0] * len(obs))
     s.versions.extend([-1] * len(obs))
     s.turn_start = len(s.tokens)
-    prefix = self._prefill([token] + obs, prefix=self.engine.slot_prefix(self.state, i))
+    if prefix is None:
+      prefix = self.engine.slot_prefix(self.state, i)
+    prefix = self._prefill([token] + obs, prefix=prefix)
     self.state = self.engine.insert(prefix, self.state, i)
     self._on_token(i, int(prefix.token), float(prefix.logprob))
 
@@ -223,8 +313,21 @@ class RolloutWorker:
     self.stats.trajectories += 1
     if self.admission is not None:
       self.admission.finish(accepted=not info.get("failed", False))
-    if not self.sink(traj):
+    with self._stats_lock:
+      self._sink_since = time.perf_counter()
+    accepted = self.sink(traj)
+    with self._stats_lock:
+      self.stats.sink_s += time.perf_counter() - self._sink_since
+      self._sink_since = None
+    if not accepted:
       self.exhausted = True
+
+  def sink_s_now(self) -> float:
+    """``stats.sink_s`` plus the sink call in progress, if any (a full queue can block the
+    worker for many seconds; this counts that time when it is spent, not when it ends)."""
+    with self._stats_lock:
+      since = self._sink_since
+      return self.stats.sink_s + (time.perf_counter() - since if since is not None else 0.0)
 
   def _recompute_kv(self) -> None:
     """Re-prefills every running slot's cached tokens with the current params (the pending,
@@ -237,7 +340,10 @@ class RolloutWorker:
       for start in range(0, len(cached), chunk):
         prefix = self._prefill(cached[start:start + chunk], prefix=prefix)
       prefix = prefix.replace(token=np.int32(s.tokens[-1]), logprob=np.float32(s.logprobs[-1]))
-      self.state = self.engine.insert(prefix, self.state, i)
+      if i in self._pending:  # its env is answering: continue from the recomputed cache
+        self._pending[i].prefix = prefix
+      else:
+        self.state = self.engine.insert(prefix, self.state, i)
       self.stats.kv_recomputes += 1
 
   def _sync_weights(self) -> None:
@@ -253,12 +359,17 @@ class RolloutWorker:
   def step(self) -> bool:
     """One iteration. Returns False when there is nothing left to do."""
     self._sync_weights()
+    self._collect_env(block=False)
     self.waiting = False
     for i in range(len(self.slots)):
       while self.slots[i] is None and not self.exhausted and not self.waiting:
         if not self._admit(i):
           break
-    if not any(s is not None for s in self.slots):
+    decoding = [i for i, s in enumerate(self.slots) if s is not None and i not in self._pending]
+    if not decoding:
+      if self._pending:  # every running slot waits on its env.step
+        self._collect_env(block=True)
+        return True
       if not self.exhausted:  # gated source or admission control said wait: do not spin
         time.sleep(0.002)
         self.stats.idle_s += 0.002
@@ -269,9 +380,10 @@ class RolloutWorker:
     logprobs = np.asarray(result.logprobs[:, 0])
     self.stats.generate_s += time.perf_counter() - t0
     self.stats.generate_steps += 1
-    for i, s in enumerate(self.slots):
-      if s is not None:
-        self._on_token(i, int(tokens[i]), float(logprobs[i]))
+    self.stats.decode_slot_steps += len(decoding)
+    self.stats.env_slot_steps += len(self._pending)
+    for i in decoding:
+      self._on_token(i, int(tokens[i]), float(logprobs[i]))
     return True
 
   def run(self, stop: Optional[threading.Event] = None) -> None:
@@ -283,11 +395,27 @@ class RolloutWorker:
     except BaseException as e:  # surfaced to the trainer, which reports and stops
       self.error = e
       raise
+    finally:
+      self.close()
+
+  def close(self) -> None:
+    """Stops the env-step pool (in-flight steps are abandoned; their threads end on their own)."""
+    if self._env_pool is not None:
+      self._env_pool.shutdown(wait=False, cancel_futures=True)
 
   def start_thread(self, stop: threading.Event) -> threading.Thread:
     t = threading.Thread(target=self.run, args=(stop,), name="rollout-worker", daemon=True)
     t.start()
     return t
+
+
+def env_workers_for(config) -> int:
+  """Resolves ``rollout.env_workers``: N >= 0 as given; -1 (auto) = ``rollout.slots`` when
+  the task has a tool latency (``task.tool_latency_median_s`` > 0), else 0 (inline)."""
+  n = int(config.rollout.get("env_workers", -1))
+  if n >= 0:
+    return n
+  return int(config.rollout.slots) if config.task.get("tool_latency_median_s", 0.0) > 0 else 0
 
 
 def generate_trajectories(engine: SAOEngine, env, params, problems, *, stop_ids,

@@ -32,7 +32,7 @@ from sao_jax.models.transformer import Critic, ModelConfig, Transformer
 from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout import staleness
 from sao_jax.rollout.sync import TrajectoryQueue, WeightStore
-from sao_jax.rollout.worker import RolloutWorker, generate_trajectories
+from sao_jax.rollout.worker import RolloutWorker, env_workers_for, generate_trajectories
 from sao_jax.train import distributed
 from sao_jax.train import sft as sft_lib
 from sao_jax.train.checkpoint import Checkpointer, load_policy_params
@@ -69,7 +69,8 @@ def critic_from_policy(mcfg: ModelConfig, policy_params, seed: int):
 
 def evaluate(engine, task, params, problems, config, version: int = 0) -> dict:
   """Greedy pass@1 on ``problems`` through the engine; also tool-use rate and mean length."""
-  trajs = generate_trajectories(engine, task.env, params, problems, stop_ids=task.stop_ids,
+  env = task.eval_env if getattr(task, "eval_env", None) is not None else task.env
+  trajs = generate_trajectories(engine, env, params, problems, stop_ids=task.stop_ids,
                                 max_new_tokens=config.rollout.max_new_tokens,
                                 max_seq_len=config.model.max_seq_len, temperature=0.0,
                                 version=version)
@@ -238,8 +239,10 @@ def run(config) -> dict[str, Any]:
   # ---- asynchronous rollout ---------------------------------------------------------------------
   traj_queue = TrajectoryQueue(config.rollout.queue_size)
   stop = threading.Event()
+  env_workers = env_workers_for(config)  # >0: env.step off the decode loop (slow tool calls)
   env = GuardedEnv(task.env, timeout_s=config.rollout.get("env_timeout_s", 30.0),
-                   fault_rate=float(os.environ.get("SAO_FAULT_ENV_RATE", "0")), seed=config.seed)
+                   fault_rate=float(os.environ.get("SAO_FAULT_ENV_RATE", "0")), seed=config.seed,
+                   max_workers=max(4, env_workers))
   weights = WeightStore(trainer.policy_params_copy(), version=version)
   lockstep = config.rollout.get("lockstep", False)
   spec = trainer.spec
@@ -269,7 +272,7 @@ def run(config) -> dict[str, Any]:
                          seed=resume_lib.step_seed(config.seed, start_step) if start_step
                          else config.seed,
                          kv_on_update=config.rollout.get("kv_on_update", "keep"),
-                         admission=admission)
+                         admission=admission, env_workers=0 if lockstep else env_workers)
   thread = None if lockstep else worker.start_thread(stop)
 
   def take(n: int, step: int = 0):
@@ -339,6 +342,11 @@ def run(config) -> dict[str, Any]:
           tokens_per_s=(tokens - last_tokens) / max(now - last_time, 1e-9),
           wait_s=wait_s, train_s=train_s, queue_age_s=queue_age, queue_size=traj_queue.qsize(),
           rollout_generate_s=worker.stats.generate_s, rollout_prefill_s=worker.stats.prefill_s,
+          rollout_env_wait_s=worker.stats.env_wait_s, rollout_sink_s=worker.sink_s_now(),
+          rollout_trajectories=worker.stats.trajectories,
+          rollout_idle_s=worker.stats.idle_s, rollout_generate_steps=worker.stats.generate_steps,
+          rollout_slot_occupancy=(worker.stats.decode_slot_steps
+                                  / max(1, worker.stats.generate_steps * len(worker.slots))),
           policy_version=version, elapsed_s=now - t_job,
           traj_t_start_min=min(t.t_start for t in trajs),
           traj_t_start_max=max(t.t_start for t in trajs),

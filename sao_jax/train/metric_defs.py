@@ -99,6 +99,21 @@ METRICS: dict[str, MetricDef] = {
                              "start"),
     "rollout_prefill_s": _m("s", "throughput", "cumulative engine time in prefill() (prompts and "
                             "observations) since the start"),
+    "rollout_env_wait_s": _m("s", "throughput", "cumulative time the rollout worker waited "
+                             "because every running slot awaited its env.step (tool latency, "
+                             "rollout.env_workers > 0)"),
+    "rollout_sink_s": _m("s", "throughput", "cumulative time the rollout worker was blocked "
+                         "handing finished trajectories to the full queue (backpressure), "
+                         "including a block still in progress"),
+    "rollout_idle_s": _m("s", "throughput", "cumulative time the rollout worker had nothing to "
+                         "admit (grpo_sync barrier, staleness admission control)"),
+    "rollout_trajectories": _m("trajectories", "throughput", "cumulative trajectories the "
+                               "rollout worker finished (handed to the queue) since the start"),
+    "rollout_generate_steps": _m("steps", "throughput", "cumulative generate() calls of the "
+                                 "rollout engine since the start"),
+    "rollout_slot_occupancy": _m("fraction", "throughput", "decoding slots / all slots, averaged "
+                                 "over the generate steps since the start (slots that wait on "
+                                 "their env or are empty do not count)"),
     "elapsed_s": _m("s", "throughput", "wall time since the job started"),
     # ---- the algorithm family's shared vocabulary (sao_jax/algo/objectives.py) ----------------
     "ratio_min": _m("ratio", "DIS policy", "smallest importance ratio over action tokens"),
