@@ -84,4 +84,5 @@ final accuracy is more than 2 std below SAO's).
 
 if __name__ == "__main__":
   args = common.common_argparser(__doc__).parse_args()
+  common.REPORT_ONLY = args.report_only
   run(args.quick, args.out_dir)

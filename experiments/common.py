@@ -24,6 +24,7 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 CSV_FIELDS = ("experiment", "arm", "seed", "step", "metric", "value")
+REPORT_ONLY = False  # --report_only: rebuild the plot and RESULTS.md section from the existing CSV
 RESULTS_MD = os.path.join(ROOT, "experiments", "RESULTS.md")
 
 
@@ -109,6 +110,10 @@ def run_training_arms(experiment: str, arms: Sequence[Arm], seeds: Sequence[int]
   Returns the CSV path. Raises whatever the run raises (a failed run is not hidden)."""
   from sao_jax.train import loop  # pylint: disable=import-outside-toplevel
   csv_path = os.path.join(out_dir, f"{experiment}.csv")
+  if REPORT_ONLY:
+    if not os.path.exists(csv_path):
+      raise FileNotFoundError(f"--report_only needs {csv_path}; run the experiment first.")
+    return csv_path
   if os.path.exists(csv_path):
     os.remove(csv_path)
   for arm in arms:
@@ -254,6 +259,8 @@ def common_argparser(doc: str):
   p = argparse.ArgumentParser(description=doc)
   p.add_argument("--quick", action="store_true", help="tiny setting for the test suite")
   p.add_argument("--out_dir", default=None, help="where CSV/PNG/runs go (default: see out_paths)")
+  p.add_argument("--report_only", action="store_true",
+                 help="no runs: rebuild the plot and the RESULTS.md section from the CSV")
   return p
 
 

@@ -132,4 +132,5 @@ no longer mean lag than the running-mean baseline).
 
 if __name__ == "__main__":
   args = common.common_argparser(__doc__).parse_args()
+  common.REPORT_ONLY = args.report_only
   run(args.quick, args.out_dir)

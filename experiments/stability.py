@@ -97,6 +97,11 @@ accuracy below half its best after the best (best >= 0.1).
 
 Mean final accuracy: {", ".join(f"{k} {v:.3f}" for k, v in mean_final.items())}.
 
+The arms ran one after another on 2 CPU cores shared with other jobs (load average 5-9), so the
+wall-clock panel (seconds since the first policy step) shows the order of magnitude only; the
+policy-step panels are the comparison. GRPO uses 4 prompts x 8 rollouts per step, SAO/VAPO 32
+prompts x 1: the same 32 trajectories per step.
+
 ![stability](results/{experiment}.png)
 
 **Verdict: {verdict}** (rule fixed in the script: reproduced = SAO's mean final accuracy within
@@ -113,4 +118,5 @@ if __name__ == "__main__":
   parser.add_argument("--setting", choices=("default", "stress"), default="default",
                       help="stress: policy lr 1e-3 and trajectory queue 256 (see STRESS)")
   args = parser.parse_args()
+  common.REPORT_ONLY = args.report_only
   run(args.quick, args.out_dir, args.setting)
