@@ -249,6 +249,11 @@ class ValueCasesTest(chex.TestCase):
     ev = algo.explained_variance(jnp.array([[0.1, 0.2, 0.3]]),
                                  jnp.array([[1.0, 1.0, 5.0]]), m)
     self.assertEqual(float(ev), 0.0)
+    # Returns constant up to float noise (all rewards 0, returns = tiny critic values): 0.0, not
+    # -1e14 (seen in a collapsed run before this guard).
+    ev = algo.explained_variance(jnp.array([[0.01, -0.02, 0.0]]),
+                                 jnp.array([[1e-7, 1.1e-7, 0.0]]), m)
+    self.assertEqual(float(ev), 0.0)
     # No action tokens.
     ev = algo.explained_variance(jnp.ones((2, 3)), jnp.ones((2, 3)),
                                  jnp.zeros((2, 3)))

@@ -102,6 +102,9 @@ def value_loss(
   return loss.astype(dtype), metrics
 
 
+EV_MIN_RETURN_VAR = 1e-10  # Var(R) at or below this (reward units^2): EV undefined, reported as 0
+
+
 def explained_variance(
     values: Array,
     returns: Array,
@@ -113,8 +116,10 @@ def explained_variance(
 
   Variances are population variances (divide by the token count) over action
   tokens only. EV = 1 is a perfect critic, 0 is no better than a constant, and
-  negative is worse than a constant. When Var(R) == 0 (including batches with
-  no action tokens) EV is undefined; this returns 0.0 instead of NaN / inf.
+  negative is worse than a constant. When Var(R) <= EV_MIN_RETURN_VAR (1e-10
+  reward^2: constant returns up to float noise, e.g. a batch where every reward
+  is 0 and the returns are tiny critic values; also batches with no action
+  tokens) EV is undefined; this returns 0.0 instead of NaN / inf / -1e14.
 
   Source: standard RL diagnostic (e.g. OpenAI baselines `explained_variance`);
   the SAO paper reports EV ~ 0.6 for its critic.
@@ -147,5 +152,6 @@ def explained_variance(
 
   var_r = _masked_var(returns)
   var_res = _masked_var(returns - values)
-  safe_var_r = jnp.where(var_r > 0, var_r, 1.0)
-  return jnp.where(var_r > 0, 1.0 - var_res / safe_var_r, 0.0).astype(dtype)
+  defined = var_r > EV_MIN_RETURN_VAR
+  safe_var_r = jnp.where(defined, var_r, 1.0)
+  return jnp.where(defined, 1.0 - var_res / safe_var_r, 0.0).astype(dtype)
