@@ -13,6 +13,11 @@ JAX/Flax NNX step we benchmark, so it would not be an independent peer on CPU).
 Reports tokens/s (B*T per step), the ratio ours/peer, model FLOP utilisation against a
 ``jnp.dot`` peak measured in the same run, compile time of each jitted step, and the jit cache
 size after all repeats (1 = no recompilation).
+
+Like the main job (``sao_jax.main``), the process first calls
+``sao_jax.host_malloc.keep_freed_memory()`` (glibc keeps XLA:CPU's per-call temp buffers for
+reuse instead of page-faulting them in on every step; it applies to the torch peer in the same
+process too); ``--glibc_malloc_defaults`` skips it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sao_jax import host_malloc
 from sao_jax.models import hf
 from sao_jax.models.transformer import Critic, ModelConfig, Transformer
 from sao_jax.train import optim, steps
@@ -119,7 +125,10 @@ def main():
   ap.add_argument("--torch_threads", type=int, default=1,
                   help="torch intra-op threads; 1 is the fastest on a loaded 2-core host "
                        "(2 threads spin-wait and run 10-100x slower when cores are contended)")
+  ap.add_argument("--glibc_malloc_defaults", action="store_true",
+                  help="skip sao_jax.host_malloc.keep_freed_memory() (the main job calls it)")
   args = ap.parse_args()
+  malloc_tuned = False if args.glibc_malloc_defaults else host_malloc.keep_freed_memory()
   import torch  # pylint: disable=import-outside-toplevel
   torch.set_num_threads(args.torch_threads)
   b, t = (2, 32) if args.quick else (args.batch, args.seq)
@@ -177,7 +186,7 @@ def main():
                    "ours MFU": fl / mo / peak, "torch MFU": fl / mp / peak})
   common.report("train_step", rows, args,
                 {"matmul_peak_flops": peak, "torch_threads": torch.get_num_threads(),
-                 **compile_info})
+                 "host_malloc.keep_freed_memory": malloc_tuned, **compile_info})
 
 
 if __name__ == "__main__":
