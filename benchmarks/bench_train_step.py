@@ -33,7 +33,7 @@ from flax import nnx
 
 from sao_jax import host_malloc
 from sao_jax.models import hf
-from sao_jax.models.transformer import Critic, ModelConfig, Transformer
+from sao_jax.models.transformer import Critic, ModelConfig, Transformer, default_positions
 from sao_jax.train import optim, steps
 
 CONFIGS = {
@@ -144,9 +144,15 @@ def main():
     critic = Critic(cfg, rngs=nnx.Rngs(1))
     c_graphdef, c_params = nnx.split(critic)
     c_params = nnx.to_pure_dict(c_params)
+    np_batch = make_batch(cfg, b, t)
+    # rollout log-probs = the initial policy's own: ratios start at 1, inside the DIS band, so the
+    # policy gradient is not zero (random log-probs put every token outside the band)
+    tok = jnp.asarray(np_batch["tokens"])
+    logits, _ = model(tok, default_positions(tok))
+    np_batch["rollout_logprobs"] = np.asarray(steps.token_logprobs(logits, tok))
     with tempfile.TemporaryDirectory() as d:
       hf.save_hf_checkpoint(d, cfg, params)
-      t_policy, t_critic = torch_steps(d, cfg, make_batch(cfg, b, t))
+      t_policy, t_critic = torch_steps(d, cfg, np_batch)
     # the critic peer starts from the policy weights; so does ours (critic_from_policy in loop)
     c_params["backbone"] = jax.tree.map(jnp.copy, params)
     p_tx = optim.make_optimizer(params, lr=LR, max_grad_norm=1.0)
@@ -155,7 +161,7 @@ def main():
     c_step = steps.make_critic_step(c_graphdef, c_tx)
     state = {"p": steps.TrainState.create(params, p_tx),
              "c": steps.TrainState.create(c_params, c_tx)}
-    batch = {k: jnp.asarray(v) for k, v in make_batch(cfg, b, t).items()}
+    batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
     pb = {k: batch[k] for k in ("tokens", "action_mask", "rollout_logprobs", "advantages")}
     cb = {k: batch[k] for k in ("tokens", "action_mask", "returns", "values")}
     t0 = time.perf_counter()
