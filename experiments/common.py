@@ -202,6 +202,8 @@ def plot(csv_path: str, png_path: str, panels: Sequence[tuple], title: str = "")
       ax.fill_between(x, lo, hi, alpha=0.2, color=colour[arm])
     if scale and scale[0] == "log":
       ax.set_yscale("log")
+    if metric == "explained_variance":  # EV < -1 (a degenerate batch) would flatten the curves
+      ax.set_ylim(-1.0, 1.0)
     ax.set_xlabel(x_metric or "policy step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
