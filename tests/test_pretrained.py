@@ -185,7 +185,7 @@ def test_smollm2_logits_equal_transformers_llama_on_same_weights(smollm2):
   assert diff64 < 1e-9
   # In float32 (30 layers, logits up to ~40) both implementations carry ~1e-4 of roundoff; ours
   # is no worse than transformers' own float32 forward.
-  assert diff < 1.25 * hf32_err and diff < 2e-4
+  assert diff < 1e-4 and diff < 1.25 * hf32_err  # seen: 8.9e-5 (transformers' own: 9.7e-5)
   assert np.abs(np.asarray(got) - want32).max() < 2.5e-4
 
 
