@@ -328,10 +328,17 @@ class MLP(nnx.Module):
     self.up_proj = _linear(rngs, cfg.d_model, cfg.d_ff, cfg)
     self.down_proj = _linear(rngs, cfg.d_ff, cfg.d_model, cfg)
 
+  STACK_MIN_TOKENS = 512  # below this (decode steps), stacking would copy the kernels per token
+
   def __call__(self, x):
-    # gate and up in one contraction over the stacked kernels [2, D, F]: the same products as
-    # two Linear calls, but one forward dot and one weight-gradient dot instead of two each
-    # (XLA:CPU transposes the activations once, not twice: the tiny train step is ~10% faster).
+    tokens = math.prod(x.shape[:-1])
+    if tokens < self.STACK_MIN_TOKENS:  # decode: two plain dots, no per-step copy of the kernels
+      return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)), None
+    # Training / prefill: gate and up in one contraction over the stacked kernels [2, D, F]: the
+    # same products as two Linear calls, but one forward dot and one weight-gradient dot instead
+    # of two each (XLA:CPU transposes the activations once, not twice: the tiny train step is
+    # ~10% faster). The stack copies both kernels once per call, which a decode step with a few
+    # tokens cannot amortise (the sampler benchmark's batch-1 decode was 2x slower with it).
     dt = self.cfg.compute_dtype
     w = jnp.stack([self.gate_proj.kernel[...], self.up_proj.kernel[...]]).astype(dt)
     gate_up = jnp.einsum("...d,sdf->...sf", x.astype(dt), w)
