@@ -3,6 +3,7 @@ are skipped (params and Adam state unchanged) and the run stops after N in a row
 checkpoint raises a clear error and leaves the previous checkpoint intact, the prompt ledger
 refuses double counting."""
 
+import json
 import os
 import subprocess
 import time
@@ -152,3 +153,25 @@ def test_truncate_jsonl_drops_later_steps_and_a_torn_line(tmp_path):
   p.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"ste')
   assert truncate_jsonl(str(p), 2) == 2
   assert p.read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
+def test_resume_refuses_a_run_folder_made_with_another_config(tmp_path):
+  from sao_jax.train.resume import check_resume_config  # pylint: disable=import-outside-toplevel
+  old = {"run_dir": str(tmp_path), "train": {"num_steps": 100, "mode": "sao", "policy_lr": 3e-4},
+         "task": {"tool_latency_median_s": 0.0}, "checkpoint": {"every_steps": 50}}
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  same_but_longer = json.loads(json.dumps(old))
+  same_but_longer["train"]["num_steps"] = 200
+  same_but_longer["checkpoint"]["every_steps"] = 10
+  check_resume_config(str(tmp_path), json.dumps(same_but_longer), 100, 200)  # allowed
+  check_resume_config(str(tmp_path), json.dumps(old), 100, 100)  # re-run: final eval only
+  check_resume_config(str(tmp_path), json.dumps({"train": {"mode": "x"}}), None, 5)  # fresh
+  other = json.loads(json.dumps(old))
+  other["train"]["mode"] = "grpo_sync"
+  other["task"]["tool_latency_median_s"] = 0.2
+  with pytest.raises(ValueError, match=r"task\.tool_latency_median_s \(was 0\.0, now 0\.2\), "
+                                       r"train\.mode \(was 'sao', now 'grpo_sync'\).*"
+                                       r"new --config\.run_dir"):
+    check_resume_config(str(tmp_path), json.dumps(other), 100, 100)
+  with pytest.raises(ValueError, match=r"checkpoint at step 100, past train\.num_steps=5"):
+    check_resume_config(str(tmp_path), json.dumps(old), 100, 5)

@@ -123,15 +123,18 @@ def run(config) -> dict[str, Any]:
   distributed.initialize(config.get("distributed"))  # no-op without a coordinator address
   run_dir = config.run_dir
   os.makedirs(run_dir, exist_ok=True)
-  with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config.to_json_best_effort(indent=2))  # the resolved config, overrides included
-  if config.log.get("wandb_project", ""):
-    require_wandb()  # fail now, not after the warm-up
-  task = tasks.make_task(config)
-  # [reliability] resume from the latest complete checkpoint of run_dir (train/resume.py)
+  # [reliability] resume from the latest complete checkpoint of run_dir (train/resume.py), only
+  # if it was made with the same config (up to run length, checkpointing, logging, eval)
   ckpt_dir = os.path.join(run_dir, "checkpoints")
   resume_step = (resume_lib.resume_point(ckpt_dir) if config.checkpoint.get("resume", True)
                  else None)
+  config_json = config.to_json_best_effort(indent=2)  # the resolved config, overrides included
+  resume_lib.check_resume_config(run_dir, config_json, resume_step, config.train.num_steps)
+  with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
+    f.write(config_json)
+  if config.log.get("wandb_project", ""):
+    require_wandb()  # fail now, not after the warm-up
+  task = tasks.make_task(config)
   if resume_step is not None:
     print(f"resuming from {ckpt_dir} step {resume_step}", flush=True)
   # records of steps after the checkpoint (all, on a fresh start) are dropped and redone

@@ -229,3 +229,54 @@ def maybe_kill(point: str, step: int) -> None:
     import signal  # pylint: disable=import-outside-toplevel
     print(f"fault injection: SIGKILL at {point} of step {step}", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+# Fields that may change when a run is resumed: how long it runs, how it checkpoints, logs and
+# evaluates, and where its processes meet. Anything else changes *what* is trained.
+RESUMABLE_CHANGES = ("run_dir", "train.num_steps", "checkpoint.", "log.", "eval.", "distributed.")
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in tree.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def check_resume_config(run_dir: str, config_json: str, resume_step: Optional[int],
+                        num_steps: int) -> None:
+  """Refuses to resume ``run_dir`` (whose latest complete checkpoint is ``resume_step``) with a
+  config that trains something else.
+
+  ``config_json``: the new resolved config as JSON (``ConfigDict.to_json_best_effort()``);
+  it is compared with ``run_dir/config.json`` written by the run that made the checkpoint.
+  Only the fields in ``RESUMABLE_CHANGES`` may differ. Raises ValueError naming every other
+  changed field (old and new value) and the fix; and when ``num_steps < resume_step`` (the
+  checkpoint is already past the requested end). No-op when there is nothing to resume or no
+  saved config."""
+  if resume_step is None:
+    return
+  fix = ("use a new --config.run_dir, or --config.checkpoint.resume=False to start over in "
+         "this folder")
+  if num_steps < resume_step:
+    raise ValueError(f"{run_dir} has a checkpoint at step {resume_step}, past "
+                     f"train.num_steps={num_steps}: nothing left to train. Raise "
+                     f"--config.train.num_steps to continue that run, or {fix}.")
+  path = os.path.join(run_dir, "config.json")
+  if not os.path.exists(path):
+    return
+  with open(path, encoding="utf-8") as f:
+    old = _flat(json.load(f))
+  new = _flat(json.loads(config_json))
+  changed = [k for k in sorted(set(old) | set(new))
+             if old.get(k) != new.get(k) and not any(
+                 k == p or (p.endswith(".") and k.startswith(p)) for p in RESUMABLE_CHANGES)]
+  if changed:
+    diff = ", ".join(f"{k} (was {old.get(k)!r}, now {new.get(k)!r})" for k in changed[:8])
+    more = f" and {len(changed) - 8} more" if len(changed) > 8 else ""
+    raise ValueError(f"{run_dir} holds a checkpoint (step {resume_step}) of a run with another "
+                     f"config: {diff}{more}. Resuming would continue that run, not this one; "
+                     f"{fix}.")
