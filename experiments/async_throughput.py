@@ -189,8 +189,11 @@ and the ideal bound.
 simulation) -- with a long-tailed length distribution the synchronous barrier leaves the engine
 idle during training and while the batch's slowest rollout finishes, and asynchronous consumption
 recovers most of it; the measured arith task lengths are short and narrow, where the gain comes
-only from overlapping training with generation. Not measured: the same comparison on the real
-engine under a real long-tailed task (the CPU task has none).
+only from overlapping training with generation. On the real engine and trainer, with the CPU
+task's long-tailed variant (lognormal tool latency, median 0.2 s, sigma 1.0), SAO vs
+`grpo_sync` measured 3.19x in steady state and 1.50x including compilation:
+`benchmarks/RESULTS.md` section 4a (`python benchmarks/bench_pipeline.py --tool_latency
+lognormal:0.2:1.0`).
 """
   common.write_section(md, EXPERIMENT, "4. Why async: throughput under stragglers", body)
   print(common.markdown_table(header, table))

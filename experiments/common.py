@@ -233,7 +233,7 @@ def write_section(md_path: str, key: str, title: str, body: str) -> None:
   begin, end = f"<!-- section:{key} -->", f"<!-- /section:{key} -->"
   block = f"{begin}\n## {title}\n\n{body.strip()}\n{end}\n"
   text = open(md_path, encoding="utf-8").read() if os.path.exists(md_path) else (
-      "# Paper claims at small scale (issue 8)\n\nOne section per claim, written by the scripts "
+      "# Paper claims at small scale\n\nOne section per claim, written by the scripts "
       "in `experiments/`. Each lists the exact command, the setting, every run's numbers and a "
       "verdict.\n\n")
   pat = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", re.S)

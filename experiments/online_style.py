@@ -59,17 +59,19 @@ def switch_steps(num_steps: int, batch: int, n_eval: int, switch_every: int) -> 
 
 
 def adaptation_lags(steps: np.ndarray, reward: np.ndarray, starts: list[int], end: int):
-  """Per phase start: steps to reach 80% of the phase's best 3-step moving-average reward, or None
-  (never / phase best < 0.1)."""
-  sm = np.convolve(reward, np.ones(3) / 3, mode="same")
+  """Per phase start: steps to reach 80% of the phase's best 3-step moving-average reward (the
+  average taken within the phase), or None (never / phase best < 0.1)."""
   lags = []
   for i, s in enumerate(starts):
     e = starts[i + 1] if i + 1 < len(starts) else end + 1
     sel = (steps >= s) & (steps < e)
-    if not sel.any() or sm[sel].max() < 0.1:
+    # trailing 3-step mean *within* the phase: the previous phase's rewards must not leak in
+    seg = reward[sel]
+    sm = np.array([seg[max(0, j - 2):j + 1].mean() for j in range(len(seg))])
+    if not sel.any() or sm.max() < 0.1:
       lags.append(None)
       continue
-    hit = np.nonzero(sm[sel] >= 0.8 * sm[sel].max())[0][0]
+    hit = np.nonzero(sm >= 0.8 * sm.max())[0][0]
     lags.append(int(steps[sel][hit] - s))
   return lags
 
@@ -120,6 +122,14 @@ def run(quick: bool, out_dir=None) -> str:
                 "in phase 0; the style distribution itself was not logged)")
   if quick:
     verdict = "inconclusive (quick run: pipeline check only)"
+  zero_note = ""
+  if len(starts) >= 3 and all(
+      np.all(y[(x > starts[0]) & (x < starts[2])] == 0) for per in rew.values()
+      for x, y in per.values()):
+    zero_note = (f"How to read the lags: the switch step is estimated from the episode counter, "
+                 f"so the step-{starts[0]} batch still holds pre-switch trajectories (lag 0 at "
+                 f"the first switch); after it the reward of every run is exactly 0 until step "
+                 f"{starts[2]}, where the plain style of phase 0 comes back.")
   cmd = "python experiments/online_style.py" + (" --quick" if quick else "")
   body = f"""Command: `{cmd}`
 
@@ -131,6 +141,7 @@ Setting: `configs/arith_tool.py`{':smoke' if quick else ''} with {base}, `task.s
 
 Mean reward: sao {mean_rew('sao'):.3f}, running_mean_128 {mean_rew('running_mean_128'):.3f};
 mean lag: sao {mean_lag('sao'):.1f}, running_mean_128 {mean_lag('running_mean_128'):.1f} steps.
+{zero_note}
 Seed std of the mean reward: sao {std_rew('sao'):.3f}, running_mean_128
 {std_rew('running_mean_128'):.3f}. Explained variance below -1 (batches where every reward is 0
 and the returns are float noise; `explained_variance` reports 0 for those since 2026-11-29) is

@@ -108,8 +108,9 @@ prompts x 1: the same 32 trajectories per step.
 0.02 of the best arm, no SAO collapse, and at least one baseline run collapses; inconclusive =
 SAO best but no baseline collapses at this scale; otherwise not reproduced).
 """
-  common.write_section(md, experiment, TITLE + (" (stress: policy lr 1e-3, queue 256)" if stress
-                                                else ""), body)
+  title = ("1b. Stability under stress: policy lr 1e-3, trajectory queue 256" if stress
+           else TITLE)
+  common.write_section(md, experiment, title, body)
   return csv_path
 
 
