@@ -87,6 +87,10 @@ def test_online_lag_and_switch_steps_hand_worked():
   r = np.array([0, 0, 1, 1, 1, 0, 0, 1], float)
   # phase [1, 5): moving avg 0, .33, .67, 1 -> best 1, 80% reached at step 4 -> lag 3
   assert online_style.adaptation_lags(steps, r, [1, 5], 8)[0] == 3
+  # a phase whose own rewards are all 0 is "never", even right after a rewarded phase (the
+  # previous phase's rewards must not leak into its moving average)
+  r2 = np.array([1, 1, 1, 1, 0, 0, 0, 0], float)
+  assert online_style.adaptation_lags(steps, r2, [1, 5], 8) == [0, None]
 
 
 def test_stability_collapse_rule():
