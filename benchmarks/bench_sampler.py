@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sao_jax import host_malloc
 from sao_jax.models import hf
 from sao_jax.models.transformer import ModelConfig, Transformer
 from sao_jax.rollout.engine import SAOEngine
@@ -38,15 +37,12 @@ def config(quick: bool, new: int) -> ModelConfig:
 
 
 def main():
-  ap = common.parser(__doc__)
+  ap = common.parser(__doc__, malloc_flag=True)
   ap.add_argument("--new", type=int, default=64)
   ap.add_argument("--batches", default="1,8,32,128")
   ap.add_argument("--torch_threads", type=int, default=1)
-  ap.add_argument("--glibc_malloc_defaults", action="store_true",
-                  help="skip sao_jax.host_malloc.keep_freed_memory() (the main job calls it)")
   args = ap.parse_args()
-  # as in the main job (and in the same process, so the torch peer gets it too)
-  malloc_tuned = False if args.glibc_malloc_defaults else host_malloc.keep_freed_memory()
+  malloc_tuned = common.apply_malloc(args)
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
   torch.set_num_threads(args.torch_threads)

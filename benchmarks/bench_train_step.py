@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sao_jax import host_malloc
 from sao_jax.models import hf
 from sao_jax.models.transformer import Critic, ModelConfig, Transformer, default_positions
 from sao_jax.train import optim, steps
@@ -118,17 +117,15 @@ def torch_steps(path, cfg, batch):
 
 
 def main():
-  ap = common.parser(__doc__)
+  ap = common.parser(__doc__, malloc_flag=True)
   ap.add_argument("--configs", default="tiny,small")
   ap.add_argument("--batch", type=int, default=8)
   ap.add_argument("--seq", type=int, default=256)
   ap.add_argument("--torch_threads", type=int, default=1,
                   help="torch intra-op threads; 1 is the fastest on a loaded 2-core host "
                        "(2 threads spin-wait and run 10-100x slower when cores are contended)")
-  ap.add_argument("--glibc_malloc_defaults", action="store_true",
-                  help="skip sao_jax.host_malloc.keep_freed_memory() (the main job calls it)")
   args = ap.parse_args()
-  malloc_tuned = False if args.glibc_malloc_defaults else host_malloc.keep_freed_memory()
+  malloc_tuned = common.apply_malloc(args)
   import torch  # pylint: disable=import-outside-toplevel
   torch.set_num_threads(args.torch_threads)
   b, t = (2, 32) if args.quick else (args.batch, args.seq)

@@ -127,14 +127,26 @@ def markdown_table(rows: list[dict], columns: Sequence[str] | None = None) -> st
   return "\n".join(out) + "\n"
 
 
-def parser(description: str) -> argparse.ArgumentParser:
+def parser(description: str, malloc_flag: bool = False) -> argparse.ArgumentParser:
   """Argument parser with the common flags: ``--quick`` (smallest sizes, checks the script
-  runs) and ``--json PATH`` (write results)."""
+  runs) and ``--json PATH`` (write results); with ``malloc_flag`` also
+  ``--glibc_malloc_defaults`` (see ``apply_malloc``)."""
   ap = argparse.ArgumentParser(description=description)
   ap.add_argument("--quick", action="store_true", help="tiny sizes, 1 repeat: checks it runs")
   ap.add_argument("--json", default="", help="write {machine, rows} here")
   ap.add_argument("--repeats", type=int, default=5)
+  if malloc_flag:
+    ap.add_argument("--glibc_malloc_defaults", action="store_true",
+                    help="skip sao_jax.host_malloc.keep_freed_memory() (the main job calls it)")
   return ap
+
+
+def apply_malloc(args) -> bool:
+  """Calls ``sao_jax.host_malloc.keep_freed_memory()`` as the main job does (the whole process:
+  a torch peer in it gets the same allocator) unless ``--glibc_malloc_defaults``; returns
+  whether the setting is on. Call it before JAX runs anything."""
+  from sao_jax import host_malloc  # pylint: disable=import-outside-toplevel
+  return False if args.glibc_malloc_defaults else host_malloc.keep_freed_memory()
 
 
 def report(name: str, rows: list[dict], args, extra: dict | None = None) -> dict:

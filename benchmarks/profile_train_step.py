@@ -13,19 +13,16 @@ import optax
 from flax import nnx
 
 import bench_train_step as bts  # pylint: disable=import-error
-from sao_jax import algo, host_malloc
+from sao_jax import algo
 from sao_jax.models.transformer import Transformer, default_positions
 from sao_jax.train import optim, steps
 
 
 def main():
-  ap = common.parser(__doc__)
+  ap = common.parser(__doc__, malloc_flag=True)
   ap.add_argument("--config", default="tiny")
-  ap.add_argument("--glibc_malloc_defaults", action="store_true",
-                  help="skip sao_jax.host_malloc.keep_freed_memory() (the main job calls it)")
   args = ap.parse_args()
-  if not args.glibc_malloc_defaults:
-    host_malloc.keep_freed_memory()
+  common.apply_malloc(args)
   cfg = bts.CONFIGS[args.config]
   b, t = (2, 32) if args.quick else (8, 256)
   graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
