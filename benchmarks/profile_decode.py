@@ -1,0 +1,79 @@
+"""Where a decode step's time goes: one token per slot through the model with its KV cache (what
+the JetStream engine's ``generate`` runs per step), traced with ``jax.profiler`` on XLA:CPU and
+summed per source function / op kind (the parsing of ``profile_ops.py``).
+
+    python benchmarks/profile_decode.py [--batch 32] [--cache_len 144] [--repeats 50]
+
+Model: the sampler benchmark's small config (``bench_sampler.config``). ``--cache_len`` defaults
+to the engine's ``max_seq_len + max_prefill_length`` for that benchmark (80 + 64).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import glob
+import tempfile
+
+import common  # pylint: disable=import-error
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import bench_sampler  # pylint: disable=import-error
+import profile_ops  # pylint: disable=import-error
+from sao_jax.models.transformer import Transformer, init_cache
+
+
+def main():
+  ap = common.parser(__doc__, malloc_flag=True)
+  ap.add_argument("--batch", type=int, default=32)
+  ap.add_argument("--cache_len", type=int, default=144)
+  ap.add_argument("--top", type=int, default=12)
+  args = ap.parse_args()
+  common.apply_malloc(args)
+  cfg = bench_sampler.config(args.quick, 64)
+  b, n = (2, 2) if args.quick else (args.batch, args.repeats)
+  graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+
+  @functools.partial(jax.jit, donate_argnums=(1,))  # the engine donates its decode state too
+  def decode(params, cache, tokens, positions):
+    logits, cache = nnx.merge(graphdef, params)(tokens, positions, cache)
+    return jnp.argmax(logits[:, -1], -1), cache
+
+  cache = init_cache(cfg, b, args.cache_len)
+  tokens = jnp.ones((b, 1), jnp.int32)
+  positions = jnp.full((b, 1), args.cache_len // 2, jnp.int32)
+  text = decode.lower(params, cache, tokens, positions).compile().as_text()
+  for _ in range(3):
+    _, cache = jax.block_until_ready(decode(params, cache, tokens, positions))
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d):
+      for _ in range(n):
+        _, cache = jax.block_until_ready(decode(params, cache, tokens, positions))
+    data = jax.profiler.ProfileData.from_file(glob.glob(f"{d}/**/*.xplane.pb", recursive=True)[0])
+  per_op = collections.Counter()
+  for plane in data.planes:
+    for line in plane.lines:
+      if line.name == "python":
+        continue
+      for ev in line.events:
+        if not ev.name.startswith(("ThunkExecutor", "SlinkyThreadPool")):
+          per_op[ev.name] += ev.duration_ns / 1e6 / n
+  idx = profile_ops._op_index(text, profile_ops._stack_frames(text))  # pylint: disable=protected-access
+  total = sum(per_op.values())
+  by_src, by_kind = collections.defaultdict(float), collections.defaultdict(float)
+  for op, ms in per_op.items():
+    _, _, src = idx.get(op, ("", "-", "runtime"))
+    by_src[src] += ms
+    by_kind[profile_ops._kind(op)] += ms  # pylint: disable=protected-access
+  rows = lambda tab: [{"part": k, "traced ms/step": v, "share": v / total}
+                      for k, v in sorted(tab.items(), key=lambda kv: -kv[1])]
+  name = f"profile_decode (batch {b}, cache_len {args.cache_len})"
+  common.report(f"{name}: by source function", rows(by_src)[:args.top], args,
+                {"traced ms/step": total})
+  common.report(f"{name}: by op kind", rows(by_kind)[:8], profile_ops.argparse_no_json(args))
+
+
+if __name__ == "__main__":
+  main()
