@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import glob
-import tempfile
 
 import common  # pylint: disable=import-error
 import jax
@@ -47,19 +45,12 @@ def main():
   text = decode.lower(params, cache, tokens, positions).compile().as_text()
   for _ in range(3):
     _, cache = jax.block_until_ready(decode(params, cache, tokens, positions))
-  with tempfile.TemporaryDirectory() as d:
-    with jax.profiler.trace(d):
-      for _ in range(n):
-        _, cache = jax.block_until_ready(decode(params, cache, tokens, positions))
-    data = jax.profiler.ProfileData.from_file(glob.glob(f"{d}/**/*.xplane.pb", recursive=True)[0])
-  per_op = collections.Counter()
-  for plane in data.planes:
-    for line in plane.lines:
-      if line.name == "python":
-        continue
-      for ev in line.events:
-        if not ev.name.startswith(("ThunkExecutor", "SlinkyThreadPool")):
-          per_op[ev.name] += ev.duration_ns / 1e6 / n
+  state = {"cache": cache}
+
+  def run():
+    _, state["cache"] = jax.block_until_ready(decode(params, state["cache"], tokens, positions))
+
+  per_op = profile_ops.trace_ops(run, n)
   idx = profile_ops._op_index(text, profile_ops._stack_frames(text))  # pylint: disable=protected-access
   total = sum(per_op.values())
   by_src, by_kind = collections.defaultdict(float), collections.defaultdict(float)

@@ -82,6 +82,25 @@ def _op_index(hlo_text: str, where):
   return idx
 
 
+def trace_ops(run, n: int) -> collections.Counter:
+  """Traces ``n`` calls of ``run()`` with ``jax.profiler``; returns ``{HLO op name: traced ms per
+  call}`` (XLA:CPU op events; the Python line and thread-pool bookkeeping left out)."""
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d):
+      for _ in range(n):
+        run()
+    data = jax.profiler.ProfileData.from_file(glob.glob(f"{d}/**/*.xplane.pb", recursive=True)[0])
+  per_op = collections.Counter()
+  for plane in data.planes:
+    for line in plane.lines:
+      if line.name == "python":
+        continue
+      for ev in line.events:
+        if not ev.name.startswith(("ThunkExecutor", "SlinkyThreadPool")):
+          per_op[ev.name] += ev.duration_ns / 1e6 / n
+  return per_op
+
+
 def _kind(op: str) -> str:
   if op.startswith("ynn_fusion"):
     return "YNNPACK fusion (dot / reduce)"
@@ -137,19 +156,7 @@ def main():
            "minor page faults/step": (r1.ru_minflt - r0.ru_minflt) / n,
            "XLA temp buffer MB": temp_mb}
 
-  with tempfile.TemporaryDirectory() as d:
-    with jax.profiler.trace(d):
-      for _ in range(n):
-        run()
-    data = jax.profiler.ProfileData.from_file(glob.glob(f"{d}/**/*.xplane.pb", recursive=True)[0])
-  per_op = collections.Counter()
-  for plane in data.planes:
-    for line in plane.lines:
-      if line.name == "python":
-        continue
-      for ev in line.events:
-        if not ev.name.startswith(("ThunkExecutor", "SlinkyThreadPool")):
-          per_op[ev.name] += ev.duration_ns / 1e6 / n
+  per_op = trace_ops(run, n)
   idx = _op_index(text, _stack_frames(text))
   total = sum(per_op.values())
   by_src, by_kind = collections.defaultdict(lambda: [0.0, 0]), collections.defaultdict(lambda: [0.0, 0])
