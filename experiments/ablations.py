@@ -37,12 +37,13 @@ ARMS = (
 QUICK_ARMS = ("k1",)
 
 
-def run(quick: bool, out_dir=None) -> str:
+def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
   out_dir, md = common.out_paths(EXPERIMENT, quick, out_dir)
   arms = [a for a in ARMS if a.name in QUICK_ARMS] if quick else list(ARMS)
   seeds = tc.SEEDS_QUICK if quick else tc.SEEDS_FULL
   csv_path = common.run_training_arms(EXPERIMENT, arms, seeds, quick=quick, out_dir=out_dir,
-                                      metrics=tc.TRAIN_METRICS, base=tc.QUICK if quick else tc.FULL)
+                                      metrics=tc.TRAIN_METRICS, base=tc.QUICK if quick else tc.FULL,
+                                      report_only=report_only)
   rows = common.read_rows(csv_path)
   common.plot(csv_path, os.path.join(out_dir, f"{EXPERIMENT}.png"),
               [("eval_accuracy", None, "eval accuracy"),
@@ -91,5 +92,4 @@ final accuracy is more than 2 std below SAO's).
 
 if __name__ == "__main__":
   args = common.common_argparser(__doc__).parse_args()
-  common.REPORT_ONLY = args.report_only
-  run(args.quick, args.out_dir)
+  run(args.quick, args.out_dir, report_only=args.report_only)

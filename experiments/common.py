@@ -24,7 +24,6 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 CSV_FIELDS = ("experiment", "arm", "seed", "step", "metric", "value")
-REPORT_ONLY = False  # --report_only: rebuild the plot and RESULTS.md section from the existing CSV
 RESULTS_MD = os.path.join(ROOT, "experiments", "RESULTS.md")
 
 
@@ -101,16 +100,18 @@ def read_rows(csv_path: str) -> list[dict]:
 
 def run_training_arms(experiment: str, arms: Sequence[Arm], seeds: Sequence[int], *, quick: bool,
                       out_dir: str, metrics: Sequence[str], base: Optional[dict] = None,
-                      config_fn: Callable[[bool], Any] = base_arith_config) -> str:
+                      config_fn: Callable[[bool], Any] = base_arith_config,
+                      report_only: bool = False) -> str:
   """Runs every arm with every seed through ``sao_jax.train.loop.run`` (in-process, one after the
   other) and appends each run's per-step ``metrics`` (plus ``elapsed_s``, ``rl_elapsed_s`` = seconds
   since the first policy step, and ``final_accuracy`` at
-  the last step) to ``out_dir/<experiment>.csv`` as soon as it finishes. The CSV is reset first.
+  the last step) to ``out_dir/<experiment>.csv`` as soon as it finishes. The CSV is reset first;
+  ``report_only`` runs nothing and returns the existing CSV (FileNotFoundError if there is none).
 
   Returns the CSV path. Raises whatever the run raises (a failed run is not hidden)."""
   from sao_jax.train import loop  # pylint: disable=import-outside-toplevel
   csv_path = os.path.join(out_dir, f"{experiment}.csv")
-  if REPORT_ONLY:
+  if report_only:  # --report_only: rebuild the plot and RESULTS.md section from the existing CSV
     if not os.path.exists(csv_path):
       raise FileNotFoundError(f"--report_only needs {csv_path}; run the experiment first.")
     return csv_path

@@ -76,14 +76,15 @@ def adaptation_lags(steps: np.ndarray, reward: np.ndarray, starts: list[int], en
   return lags
 
 
-def run(quick: bool, out_dir=None) -> str:
+def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
   out_dir, md = common.out_paths(EXPERIMENT, quick, out_dir)
   seeds = tc.SEEDS_QUICK if quick else tc.SEEDS_FULL
   base = BASE_QUICK if quick else BASE_FULL
   arms = [a for a in ARMS if a.name in QUICK_ARMS] if quick else list(ARMS)
   csv_path = common.run_training_arms(EXPERIMENT, arms, seeds, quick=quick, out_dir=out_dir,
                                       metrics=("reward_mean",) + tc.TRAIN_METRICS[2:],
-                                      base=base, config_fn=online_config)
+                                      base=base, config_fn=online_config,
+                                      report_only=report_only)
   rows = common.read_rows(csv_path)
   common.plot(csv_path, os.path.join(out_dir, f"{EXPERIMENT}.png"),
               [("reward_mean", None, "reward (correct and in style)"),
@@ -161,5 +162,4 @@ passed; the margin was added after that run, the runs themselves are unchanged.)
 
 if __name__ == "__main__":
   args = common.common_argparser(__doc__).parse_args()
-  common.REPORT_ONLY = args.report_only
-  run(args.quick, args.out_dir)
+  run(args.quick, args.out_dir, report_only=args.report_only)

@@ -49,7 +49,8 @@ def collapse_step(steps: np.ndarray, acc: np.ndarray):
   return int(steps[b + 1 + after[0]]) if len(after) else None
 
 
-def run(quick: bool, out_dir=None, setting: str = "default") -> str:
+def run(quick: bool, out_dir=None, setting: str = "default",
+        report_only: bool = False) -> str:
   stress = setting == "stress"
   experiment = EXPERIMENT + ("_stress" if stress else "")
   out_dir, md = common.out_paths(experiment, quick, out_dir)
@@ -57,7 +58,8 @@ def run(quick: bool, out_dir=None, setting: str = "default") -> str:
   seeds = tc.SEEDS_QUICK if quick else tc.SEEDS_FULL
   base = dict(tc.QUICK if quick else tc.FULL, **(STRESS if stress else {}))
   csv_path = common.run_training_arms(experiment, arms, seeds, quick=quick, out_dir=out_dir,
-                                      metrics=tc.TRAIN_METRICS, base=base)
+                                      metrics=tc.TRAIN_METRICS, base=base,
+                                      report_only=report_only)
   rows = common.read_rows(csv_path)
   png = common.plot(csv_path, os.path.join(out_dir, f"{experiment}.png"),
                     [("eval_accuracy", None, "eval accuracy"),
@@ -119,5 +121,4 @@ if __name__ == "__main__":
   parser.add_argument("--setting", choices=("default", "stress"), default="default",
                       help="stress: policy lr 1e-3 and trajectory queue 256 (see STRESS)")
   args = parser.parse_args()
-  common.REPORT_ONLY = args.report_only
-  run(args.quick, args.out_dir, args.setting)
+  run(args.quick, args.out_dir, args.setting, report_only=args.report_only)
