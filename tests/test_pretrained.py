@@ -182,11 +182,16 @@ def test_smollm2_logits_equal_transformers_llama_on_same_weights(smollm2):
   print("smollm2 max |logit diff|: ours f64 vs HF f64", diff64, "| ours f32 vs f64", diff,
         "| HF f32 vs f64", hf32_err, "| ours f32 vs HF f32", np.abs(got - want32).max(),
         "| max |logit|", np.abs(want).max())
+  # The model is right: float64 on both sides agrees to float64 roundoff (seen 3.5e-13).
   assert diff64 < 1e-9
-  # In float32 (30 layers, logits up to ~40) both implementations carry ~1e-4 of roundoff; ours
-  # is no worse than transformers' own float32 forward.
-  assert diff < 1e-4 and diff < 1.25 * hf32_err  # seen: 8.9e-5 (transformers' own: 9.7e-5)
-  assert np.abs(np.asarray(got) - want32).max() < 2.5e-4
+  # Float32 roundoff (30 layers, logits up to ~40) depends on the CPU's kernels and threads:
+  # ours vs the float64 answer was 8.9e-5 here (3 runs, identical) and 1.09e-4 on another
+  # machine of the same kind; transformers' own float32 error was 9.7e-5. The bounds keep ~3x
+  # margin over the worst seen: ours stays within 1e-5 of max |logit| (3e-4 at 40) and within
+  # 2.5x transformers' own float32 error; ours vs transformers' float32 (the two roundoffs add,
+  # seen 1.08e-4) below 5e-4.
+  assert diff < 3e-4 and diff < 2.5 * hf32_err
+  assert np.abs(np.asarray(got) - want32).max() < 5e-4
 
 
 def test_smollm2_greedy_answer_says_paris(smollm2):
