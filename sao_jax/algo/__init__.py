@@ -8,8 +8,13 @@ Arrays in, arrays (+ metrics dict) out; no state, no I/O. Layout `[batch, time]`
 from sao_jax.algo.advantages import length_adaptive_lambda
 from sao_jax.algo.advantages import running_mean_baseline_advantage
 from sao_jax.algo.advantages import skip_observation_gae
+from sao_jax.algo.estimators import ESTIMATORS
+from sao_jax.algo.estimators import Estimator
+from sao_jax.algo.estimators import baseline_advantages
 from sao_jax.algo.estimators import broadcast_to_tokens
 from sao_jax.algo.estimators import decoupled_gae
+from sao_jax.algo.estimators import get_estimator
+from sao_jax.algo.estimators import group_normalized_advantages
 from sao_jax.algo.estimators import grpo_advantages
 from sao_jax.algo.estimators import naive_token_gae
 from sao_jax.algo.estimators import response_span
@@ -29,15 +34,20 @@ from sao_jax.algo.value_loss import explained_variance
 from sao_jax.algo.value_loss import value_loss
 
 __all__ = (
+    'ESTIMATORS',
+    'Estimator',
     'OBJECTIVES',
     'aggregate',
+    'baseline_advantages',
     'broadcast_to_tokens',
     'decoupled_gae',
     'dis_keep_mask',
     'dis_objective',
     'dis_policy_loss',
     'explained_variance',
+    'get_estimator',
     'get_objective',
+    'group_normalized_advantages',
     'grpo_advantages',
     'icepop_objective',
     'length_adaptive_lambda',

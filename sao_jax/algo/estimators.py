@@ -13,11 +13,16 @@ token (project convention).
   grpo_advantages        group-normalised outcome advantages (DeepSeekMath GRPO),
                          with or without the std division (Dr. GRPO)
   broadcast_to_tokens    a per-row advantage `[B]` onto that row's action tokens
-Stateful running-mean baselines live in `sao_jax.train.baselines`; their pure
-kernel is `advantages.running_mean_baseline_advantage`.
+
+`ESTIMATORS` maps every name a config may give (`train.advantage_estimator`) to an
+`Estimator`: a new estimator is one function, one registry line and its test.
+Stateful running-mean windows live in `sao_jax.train.baselines` (host side); the
+learner passes their baseline per row, and the kernel here subtracts it.
 """
 
-from typing import Optional, Tuple
+import dataclasses
+import functools
+from typing import Callable, Optional, Tuple
 
 import chex
 import jax
@@ -200,3 +205,99 @@ def broadcast_to_tokens(row_advantages: Array, action_mask: Array) -> Array:
   dtype = _float_dtype(row_advantages)
   is_action = jnp.asarray(action_mask).astype(bool)
   return jnp.where(is_action, jnp.asarray(row_advantages, dtype)[:, None], 0.0)
+
+
+def group_normalized_advantages(reward: Array, group_id: Array, normalize_std: bool = True,
+                                eps: Numeric = 1e-6) -> Array:
+  """GRPO advantages for rows in any order, groups given by id (jit-friendly).
+
+  Same formula as `grpo_advantages` (population std, `eps` added to it) over the rows
+  sharing a `group_id`; rows with `group_id < 0` (padding) form one extra group.
+
+  Args:
+    reward: `[B]` float, one outcome reward per row.
+    group_id: int `[B]`, in `[-1, B)`.
+    normalize_std / eps: as `grpo_advantages`.
+
+  Returns:
+    `[B]` per-row advantages, at least float32.
+  """
+  chex.assert_rank([reward, group_id], 1)
+  dtype = _float_dtype(reward)
+  r = jnp.asarray(reward).astype(dtype)
+  n = r.shape[0]
+  gid = jnp.where(group_id >= 0, group_id, n)
+  count = jnp.maximum(jax.ops.segment_sum(jnp.ones_like(r), gid, n + 1), 1.0)
+  centred = r - (jax.ops.segment_sum(r, gid, n + 1) / count)[gid]
+  if not normalize_std:
+    return centred
+  std = jnp.sqrt(jax.ops.segment_sum(centred * centred, gid, n + 1) / count)[gid]
+  return centred / (std + jnp.asarray(eps, dtype))
+
+
+def baseline_advantages(reward: Array, baseline: Array) -> Array:
+  """`reward - baseline` per row `[B]` (running-mean baselines; the window is host state,
+  `sao_jax.train.baselines.RunningMeanBaseline`). Source: SAO paper, running-mean ablation."""
+  chex.assert_rank([reward, baseline], 1)
+  dtype = _float_dtype(reward, baseline)
+  return jnp.asarray(reward, dtype) - jnp.asarray(baseline, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+  """One entry of `ESTIMATORS`.
+
+  Attributes:
+    fn: with `uses_critic`, `fn(rewards, values, action_mask, gamma, lam, bootstrap_value)
+      -> (advantages, returns)`, all `[B, T]` (rewards on each row's last action token);
+      without, `fn(reward [B], group_id int32 [B], baseline [B], eps) -> advantages [B]`
+      (broadcast onto each row's action tokens by the learner).
+    uses_critic: needs critic values (the learner runs K critic updates per policy step).
+    values_on_span: the critic's values are read on observation tokens inside the response
+      too (naive GAE); otherwise on action tokens only.
+    needs_groups: needs complete groups of `train.group_size` rollouts of one prompt (GRPO).
+    baseline_window: None, or "prompt" / "global": the learner keeps a running-mean window of
+      that kind (`train.baseline_window` / `train.global_baseline_window`) and fills the
+      batch's `baseline`.
+  """
+  fn: Callable
+  uses_critic: bool
+  values_on_span: bool = False
+  needs_groups: bool = False
+  baseline_window: Optional[str] = None
+
+
+def _row_estimator(kernel):
+  return lambda reward, group_id, baseline, eps: kernel(reward, group_id, baseline, eps)
+
+
+ESTIMATORS = {
+    # SAO §3.3: token-level GAE that skips observation tokens (the default with a critic)
+    'skip_obs_gae': Estimator(skip_observation_gae, uses_critic=True),
+    # ablation: GAE through observation tokens
+    'naive_gae': Estimator(naive_token_gae, uses_critic=True, values_on_span=True),
+    # SAO appendix: one value per turn (mean / last token of the turn)
+    'step_gae_mean': Estimator(functools.partial(step_level_gae, value_reduction='mean'),
+                               uses_critic=True),
+    'step_gae_last': Estimator(functools.partial(step_level_gae, value_reduction='last'),
+                               uses_critic=True),
+    # DeepSeekMath GRPO / Dr. GRPO (no std division)
+    'grpo': Estimator(_row_estimator(lambda r, g, b, eps: group_normalized_advantages(
+        r, g, True, eps)), uses_critic=False, needs_groups=True),
+    'grpo_no_std': Estimator(_row_estimator(lambda r, g, b, eps: group_normalized_advantages(
+        r, g, False, eps)), uses_critic=False, needs_groups=True),
+    # SAO ablation (last 8 rewards of the prompt) / online baseline (last 128 rewards)
+    'running_mean_prompt': Estimator(_row_estimator(lambda r, g, b, eps: baseline_advantages(
+        r, b)), uses_critic=False, baseline_window='prompt'),
+    'running_mean_global': Estimator(_row_estimator(lambda r, g, b, eps: baseline_advantages(
+        r, b)), uses_critic=False, baseline_window='global'),
+}
+
+
+def get_estimator(name: str) -> Estimator:
+  """`ESTIMATORS[name]`; raises ValueError naming `train.advantage_estimator` and the valid
+  names."""
+  if name not in ESTIMATORS:
+    raise ValueError(f'unknown train.advantage_estimator {name!r}; use one of '
+                     f'{tuple(ESTIMATORS)} (or "auto" for the mode default).')
+  return ESTIMATORS[name]
