@@ -1,4 +1,4 @@
-"""Logical axis names for every parameter, and their mapping to mesh partition specs.
+"""The one parameter-axis table: a logical axis name for every dimension of every parameter.
 
 Each parameter of ``Transformer`` / ``Critic`` (pure-dict paths, see ``transformer.py``) gets a
 tuple of logical axis names, one per dimension (the MaxText / ``flax.linen.partitioning``
@@ -10,7 +10,7 @@ convention):
 ``attn/{k,v}_proj/kernel`` (``bias``)       ``("embed", "kv_heads")`` (``("kv_heads",)``)
 ``attn/o_proj/kernel`` (``bias``)           ``("heads", "embed")`` (``("embed",)``)
 ``attn/{q,k}_norm/scale``                   ``("head_dim",)``
-``*_norm/scale`` (block / final)            ``("embed",)``
+``*_norm/scale`` (block / final)            ``("norm",)`` (replicated)
 ``mlp/{gate,up}_proj/kernel``               ``("embed", "mlp")``
 ``mlp/down_proj/kernel``                    ``("mlp", "embed")``
 ``mlp/router/kernel``                       ``("embed", "expert")``
@@ -20,18 +20,16 @@ convention):
 ``value_head/kernel`` / ``bias``            ``("embed", None)`` / ``(None,)``
 ==========================================  =====================================
 
-``partition_specs(params, rules)`` maps them to ``jax.sharding.PartitionSpec`` with rules such as
-``{"embed": "fsdp", "heads": "tensor", "mlp": "tensor", "expert": "expert"}`` (a logical name
-absent from the rules, or mapped to None, is replicated).
+``sao_jax.train.sharding`` maps the logical names to mesh axes (``LOGICAL_RULES``, MaxText
+style) for the learner, the loaders and the checkpoints; nothing else names parameter axes.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Optional
+from typing import Any
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
 
 _RULES = [
     (r"(^|/)embed/embedding$", ("vocab", "embed")),
@@ -42,7 +40,7 @@ _RULES = [
     (r"/attn/o_proj/kernel$", ("heads", "embed")),
     (r"/attn/o_proj/bias$", ("embed",)),
     (r"/attn/[qk]_norm/scale$", ("head_dim",)),
-    (r"(^|/)(attn_norm|mlp_norm|final_norm)/scale$", ("embed",)),
+    (r"(^|/)(attn_norm|mlp_norm|final_norm)/scale$", ("norm",)),
     (r"/mlp/(gate|up)_proj/kernel$", ("embed", "mlp")),
     (r"/mlp/down_proj/kernel$", ("mlp", "embed")),
     (r"/mlp/router/kernel$", ("embed", "expert")),
@@ -83,29 +81,3 @@ def logical_axes(params: Any) -> Any:
   """Pytree like ``params`` whose leaves are tuples of logical axis names."""
   return jax.tree_util.tree_map_with_path(lambda p, x: axes_for_path(param_path(p), x.ndim),
                                           params)
-
-
-def partition_specs(params: Any, rules: Mapping[str, Optional[Any]]) -> Any:
-  """Pytree of ``PartitionSpec`` from logical axes and ``rules`` (logical name -> mesh axis name,
-  tuple of mesh axes, or None). A mesh axis is used at most once per parameter (a later
-  dimension that maps to an axis already used is replicated)."""
-
-  def spec(axes):
-    used, out = set(), []
-    for a in axes:
-      m = rules.get(a) if a is not None else None
-      ms = m if isinstance(m, tuple) else (m,)
-      if m is None or any(x in used for x in ms):
-        out.append(None)
-      else:
-        used.update(ms)
-        out.append(m)
-    return PartitionSpec(*out)
-
-  return jax.tree.map(spec, logical_axes(params), is_leaf=lambda x: isinstance(x, tuple))
-
-
-def named_shardings(params: Any, mesh: jax.sharding.Mesh, rules: Mapping[str, Any]) -> Any:
-  """``NamedSharding``s on ``mesh`` for ``params`` (pass to the loaders' ``shardings=``)."""
-  return jax.tree.map(lambda s: NamedSharding(mesh, s), partition_specs(params, rules),
-                      is_leaf=lambda x: isinstance(x, PartitionSpec))

@@ -26,6 +26,8 @@ class Trajectory:
     truncated: True if the trajectory hit a length limit instead of ending by itself.
     info: environment info (tool calls, extracted answer, failure reason ...).
     t_start, t_end: wall-clock seconds (time.time()) of admission and completion.
+    prompt_position: the prompt ledger position this rollout answers (unique per hand-out;
+      the members of one GRPO group share it); -1 outside the ledger (evaluation).
   """
 
   problem_id: str
@@ -39,6 +41,7 @@ class Trajectory:
   info: dict = dataclasses.field(default_factory=dict)
   t_start: float = 0.0
   t_end: float = 0.0
+  prompt_position: int = -1
 
   @property
   def num_action_tokens(self) -> int:

@@ -43,6 +43,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from sao_jax.rollout.engine import SAOEngine
+from sao_jax.rollout.ledger import Handout
 from sao_jax.rollout.staleness import AdmissionControl
 from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.trajectory import Trajectory
@@ -59,6 +60,7 @@ class _Slot:
   turn_start: int = 0
   t_start: float = 0.0
   tool_calls: int = 0
+  position: int = -1  # prompt ledger position (Handout), -1 for a plain problem
 
 
 @dataclasses.dataclass
@@ -105,8 +107,9 @@ class RolloutWorker:
   Args:
     engine: a ``SAOEngine``.
     env: environment with ``prompt_ids(problem)`` and ``step(problem, turn, action_ids)``.
-    problems: iterator of problems; the worker stops admitting when it is exhausted. It may
-      yield None to mean "nothing to admit right now" (``train.modes.GatedProblems``).
+    problems: iterator of problems or ledger ``Handout``s (whose position is recorded in
+      ``Trajectory.prompt_position``); the worker stops admitting when it is exhausted. It may
+      yield None to mean "nothing to admit right now" (``rollout.source.GatedProblems``).
     sink: called with each finished ``Trajectory``; returns False to ask the worker to stop.
     weights: ``WeightStore`` the trainer publishes to.
     stop_ids: token ids that end a turn (e.g. eos and ``</tool>``).
@@ -179,6 +182,9 @@ class RolloutWorker:
     if problem is None:  # a gated source has nothing to hand out now (grpo_sync barrier)
       self.waiting = True
       return False
+    position = -1
+    if isinstance(problem, Handout):  # from the prompt ledger: the position travels along
+      problem, position = problem.problem, problem.position
     self._sync_weights()  # a new prompt starts on the newest weights
     prompt = list(self.env.prompt_ids(problem))
     if len(prompt) >= self.max_seq_len:
@@ -186,7 +192,7 @@ class RolloutWorker:
                        f"does not fit model.max_seq_len={self.max_seq_len}; raise it.")
     n = len(prompt)
     slot = _Slot(problem, prompt, [0.0] * n, [0.0] * n, [-1] * n, turn_start=n,
-                 t_start=time.time())
+                 t_start=time.time(), position=position)
     prefix = self._prefill(prompt)
     self.state = self.engine.insert(prefix, self.state, i)
     self.slots[i] = slot
@@ -309,7 +315,8 @@ class RolloutWorker:
         tokens=np.asarray(s.tokens, np.int32), action_mask=np.asarray(s.action_mask, np.float32),
         logprobs=np.asarray(s.logprobs, np.float32),
         policy_version=np.asarray(s.versions, np.int32), reward=reward, num_turns=s.turn,
-        truncated=truncated, info=info, t_start=s.t_start, t_end=time.time())
+        truncated=truncated, info=info, t_start=s.t_start, t_end=time.time(),
+        prompt_position=s.position)
     self.stats.trajectories += 1
     if self.admission is not None:
       self.admission.finish(accepted=not info.get("failed", False))

@@ -1,17 +1,7 @@
 """Exact resume and fault guards for the SAO main job (hooks used by ``sao_jax/train/loop.py``).
 
-* ``PromptLedger`` -- the deterministic prompt stream (epoch ``e`` is the permutation
-  ``default_rng([seed, e])`` of the train problems; position ``p`` is problem
-  ``order(p // n)[p % n]``) and the ledger of consumed positions. A checkpoint stores the
-  ledger's cursor (every position below ``low`` consumed, plus the consumed positions above it);
-  after a crash the stream restarts at the first unconsumed position and skips consumed ones, so
-  trajectories that were in flight or queued are regenerated and none is counted twice.
-  ``ledger.jsonl`` in the run folder records the prompt ids consumed by each step.
-* ``lockstep_batch`` -- deterministic rollout (``rollout.lockstep=True``): step ``s`` samples the
-  next ``batch_size`` prompts with the current weights and an engine key derived from
-  ``(seed, s)``. Asynchronous rollout is not deterministic even without a crash (which tokens a
-  weight update reaches depends on thread timing), so bit-exact comparison with an uninterrupted
-  run is only defined in this mode.
+* the prompt ledger (exactly-once prompts) is ``sao_jax.rollout.ledger``; lockstep rollout
+  (``rollout.lockstep=True``, bit-exact resume) is ``sao_jax.rollout.source.ThreadSource``.
 * ``NonFiniteGuard`` -- counts policy steps whose loss or gradients were NaN/inf (their updates
   are dropped by ``optax.apply_if_finite`` in ``train/optim.py``) and stops the run with a clear
   message after ``max_consecutive`` in a row.
@@ -24,91 +14,12 @@ RNG: every key is derived from ``config.seed`` and the step (``lockstep``) or th
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-from typing import Iterator, Optional, Sequence
+from typing import Optional
 
-import numpy as np
-
-
-class PromptLedger:
-  """Deterministic prompt stream over ``problems`` with a ledger of consumed positions.
-
-  Args:
-    problems: the train problems (each with an ``id``).
-    seed: data-order seed.
-    low: every position < low is consumed (from a checkpoint; 0 for a fresh run).
-    extra: consumed positions >= low (from a checkpoint).
-  """
-
-  def __init__(self, problems: Sequence, seed: int, low: int = 0, extra: Sequence[int] = ()):
-    if not problems:
-      raise ValueError("the prompt ledger needs at least one train problem.")
-    self.problems, self.seed = list(problems), int(seed)
-    self.low = int(low)
-    self.consumed = {int(p) for p in extra if int(p) >= self.low}
-    self._orders: dict[int, np.ndarray] = {}
-    self._pending: dict[str, list[int]] = {}   # problem id -> positions handed out, FIFO
-    self._next = self.low
-
-  def order(self, epoch: int) -> np.ndarray:
-    if epoch not in self._orders:
-      self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(
-          len(self.problems))
-    return self._orders[epoch]
-
-  def problem_at(self, position: int):
-    n = len(self.problems)
-    return self.problems[int(self.order(position // n)[position % n])]
-
-  def iterator(self) -> Iterator:
-    """Problems from the first unconsumed position on, skipping consumed positions."""
-    while True:
-      p = self._next
-      self._next += 1
-      if p < self.low or p in self.consumed:
-        continue
-      problem = self.problem_at(p)
-      self._pending.setdefault(str(problem.id), []).append(p)
-      yield problem
-
-  def take_positions(self, n: int) -> list[int]:
-    """The next ``n`` unconsumed positions, handed out (lockstep mode)."""
-    it = self.iterator()
-    out = []
-    for _ in range(n):
-      problem = next(it)
-      out.append(self._pending[str(problem.id)][-1])
-    return out
-
-  def consume(self, problem_ids: Sequence[str]) -> list[int]:
-    """Marks one handed-out position per id consumed; returns them. Raises ValueError for an id
-    that was never handed out or is consumed twice (the never-counted-twice guarantee)."""
-    out = []
-    for pid in problem_ids:
-      queue = self._pending.get(str(pid))
-      if not queue:
-        raise ValueError(f"trajectory for prompt {pid!r} was not handed out by the ledger "
-                         "(or is consumed twice).")
-      p = queue.pop(0)
-      if p < self.low or p in self.consumed:
-        raise ValueError(f"prompt position {p} ({pid}) is consumed twice.")
-      self.consumed.add(p)
-      out.append(p)
-    while self.low in self.consumed:
-      self.consumed.discard(self.low)
-      self.low += 1
-    return out
-
-  def state(self) -> dict:
-    """JSON-serialisable cursor: ``{"low": int, "extra": sorted list, "seed": int}``."""
-    return {"low": self.low, "extra": sorted(self.consumed), "seed": self.seed}
-
-  @classmethod
-  def from_state(cls, problems, state: dict) -> "PromptLedger":
-    return cls(problems, state["seed"], state["low"], state["extra"])
+from sao_jax.train.checkpoint import Checkpointer
 
 
 class NonFiniteError(RuntimeError):
@@ -147,26 +58,6 @@ class NonFiniteGuard:
     return True
 
 
-def lockstep_batch(engine, env, params, ledger: PromptLedger, n: int, *, step: int, seed: int,
-                   version: int, stop_ids, max_new_tokens: int, max_seq_len: int,
-                   temperature: float):
-  """Deterministic batch for ``step``: the next ``n`` ledger prompts rolled out with ``params``
-  and an engine key derived from ``(seed, step)``. Returns trajectories in prompt order."""
-  from sao_jax.rollout.worker import generate_trajectories  # pylint: disable=import-outside-toplevel
-  positions = ledger.take_positions(n)
-  problems = [ledger.problem_at(p) for p in positions]
-  engine.reseed(step_seed(seed, step))
-  return generate_trajectories(engine, env, params, problems, stop_ids=stop_ids,
-                               max_new_tokens=max_new_tokens, max_seq_len=max_seq_len,
-                               temperature=temperature, version=version,
-                               seed=step_seed(seed, step))
-
-
-def step_seed(seed: int, step: int) -> int:
-  """A 31-bit seed derived from (seed, step) (numpy SeedSequence)."""
-  return int(np.random.SeedSequence([int(seed), int(step)]).generate_state(1)[0] >> 1)
-
-
 def truncate_jsonl(path: str, max_step: int) -> int:
   """Rewrites ``path`` keeping records with ``step <= max_step`` (atomically: temp + rename);
   returns the number of records dropped. A missing file is left alone; a torn last line
@@ -192,43 +83,16 @@ def truncate_jsonl(path: str, max_step: int) -> int:
   return dropped
 
 
-def append_ledger(run_dir: str, step: int, trajectories: Sequence,
-                  positions: Sequence[int]) -> None:
-  """Appends ``{"step", "problem_ids", "positions", "tokens_sha1"}`` to ``run_dir/ledger.jsonl``
-  (the digest covers every trajectory's tokens, log-probs and reward, in batch order)."""
-  h = hashlib.sha1()
-  for t in trajectories:
-    h.update(np.asarray(t.tokens, np.int32).tobytes())
-    h.update(np.asarray(t.logprobs, np.float32).tobytes())
-    h.update(np.float64(t.reward).tobytes())
-  with open(os.path.join(run_dir, "ledger.jsonl"), "a", encoding="utf-8") as f:
-    f.write(json.dumps({"step": int(step), "problem_ids": [str(t.problem_id) for t in trajectories],
-                        "positions": [int(p) for p in positions],
-                        "tokens_sha1": h.hexdigest()}) + "\n")
-
-
 def resume_point(directory: str) -> Optional[int]:
   """Latest complete checkpoint step in ``directory`` (None if none); half-written ones
   (orbax temporary folders) are never returned."""
   if not os.path.isdir(directory):
     return None
-  from sao_jax.train.checkpoint import Checkpointer  # pylint: disable=import-outside-toplevel
   ck = Checkpointer(directory)
   try:
     return ck.latest_step()
   finally:
     ck.close()
-
-
-def maybe_kill(point: str, step: int) -> None:
-  """Fault injection for the crash tests: if ``$SAO_FAULT_KILL`` is ``"<point>:<step>"`` (point:
-  ``rollout`` -- half a batch collected, ``train`` -- after the update, before it is published or
-  saved, ``checkpoint`` -- right after an asynchronous save started), the process SIGKILLs itself
-  there. Unset in real runs."""
-  if os.environ.get("SAO_FAULT_KILL") == f"{point}:{step}":
-    import signal  # pylint: disable=import-outside-toplevel
-    print(f"fault injection: SIGKILL at {point} of step {step}", flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 # Fields that may change when a run is resumed: how long it runs, how it checkpoints, logs and

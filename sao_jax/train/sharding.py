@@ -6,8 +6,8 @@ Everything here is driven by configuration, never by device counts written in co
   (one axis may be ``-1`` = "all remaining devices", so one config runs on 1, 8 or 256 devices),
   with explicit ``axis_types`` (``Auto``: GSPMD propagates shardings between the annotated
   inputs/outputs, the pjit style).
-* Parameters get **logical axis names** from their path and rank (``PARAM_AXES``: regex on the
-  pure-dict path such as ``layers/0/attn/q_proj/kernel`` -> ``("embed", "heads")``), and
+* Parameters get **logical axis names** from the model's one table
+  (``sao_jax.models.partition``: ``layers/0/attn/q_proj/kernel`` -> ``("embed", "heads")``), and
   **logical-axis rules** (``LOGICAL_RULES``) map each logical name to mesh axes, as in MaxText /
   flax ``logical_to_mesh_axes``. A mesh axis is used at most once per array and is dropped for a
   dimension it does not divide (that dimension is then replicated along it), so any mesh works
@@ -15,16 +15,14 @@ Everything here is driven by configuration, never by device counts written in co
 * Optimizer states are sharded like their parameters (``optax.tree_map_params``); batches are
   sharded on their leading (row) dimension along the ``batch`` rule (``data``/``fsdp``/...).
 
-Until the model itself carries logical axis names (``nnx.with_partitioning``), the path rules
-below are the single place that names them; a parameter of rank >= 2 that no rule matches is an
-error (so a new layer is never silently replicated).
+A parameter the model's table does not name is an error (so a new layer is never silently
+replicated); the table is the place to add it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Any, Mapping, Optional, Sequence
 
 import jax
@@ -33,7 +31,8 @@ import numpy as np
 import optax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from sao_jax.train.optim import param_path
+from sao_jax.models import partition
+from sao_jax.train.steps import TrainState
 
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
@@ -49,25 +48,9 @@ LOGICAL_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mlp", ("tensor",)),
     ("expert", ("expert",)),
     ("norm", ()),
+    ("head_dim", ()),
     ("length", ()),
 )
-
-# (regex searched in the parameter path, logical axes of the array's dims). First match wins.
-# Rank-1 parameters (norm scales, biases) that match nothing are replicated.
-PARAM_AXES: tuple[tuple[str, tuple[Optional[str], ...]], ...] = (
-    (r"embed/embedding$", ("vocab", "embed")),
-    (r"lm_head/kernel$", ("embed", "vocab")),
-    (r"attn/q_proj/kernel$", ("embed", "heads")),
-    (r"attn/(k_proj|v_proj)/kernel$", ("embed", "kv_heads")),
-    (r"attn/o_proj/kernel$", ("heads", "embed")),
-    (r"(moe|experts)/(gate_proj|up_proj)(/kernel)?$", ("expert", "embed", "mlp")),
-    (r"(moe|experts)/down_proj(/kernel)?$", ("expert", "mlp", "embed")),
-    (r"router/kernel$", ("embed", None)),
-    (r"mlp/(gate_proj|up_proj)/kernel$", ("embed", "mlp")),
-    (r"mlp/down_proj/kernel$", ("mlp", "embed")),
-    (r"value_head/kernel$", ("embed", None)),
-)
-
 
 @dataclasses.dataclass(frozen=True)
 class StepShardings:
@@ -136,25 +119,6 @@ def make_mesh(shape: Mapping[str, int], devices: Optional[Sequence[Any]] = None)
                        devices=devices)
 
 
-def logical_axes(path: str, ndim: int,
-                 param_axes: Sequence[tuple[str, Sequence[Optional[str]]]] = PARAM_AXES
-                 ) -> tuple[Optional[str], ...]:
-  """Logical axis names of the parameter at ``path`` (a ``/``-joined pure-dict path).
-
-  Raises ValueError if the matching rule's rank differs from ``ndim`` or if no rule matches a
-  parameter of rank >= 2 (add a ``(regex, axes)`` entry to ``mesh.param_axes``)."""
-  for pattern, axes in param_axes:
-    if re.search(pattern, path):
-      if len(axes) != ndim:
-        raise ValueError(f"parameter {path} has rank {ndim} but the sharding rule {pattern!r} "
-                         f"names {len(axes)} axes {tuple(axes)}; fix mesh.param_axes.")
-      return tuple(axes)
-  if ndim >= 2:
-    raise ValueError(f"no sharding rule names the axes of parameter {path} (rank {ndim}); add "
-                     "a (regex, logical axes) entry to mesh.param_axes.")
-  return (None,) * ndim
-
-
 def logical_to_spec(axes: Sequence[Optional[str]], shape: Sequence[int], mesh: Mesh,
                     rules: Sequence[tuple[str, Sequence[str]]] = LOGICAL_RULES) -> P:
   """PartitionSpec for an array of ``shape`` whose dims have logical names ``axes``.
@@ -163,7 +127,7 @@ def logical_to_spec(axes: Sequence[Optional[str]], shape: Sequence[int], mesh: M
   with size > 1, (b) not already used by an earlier dim, and (c) still divide the dim. So
   ``("expert", "embed", "mlp")`` on fsdp=2 x tensor=2 x expert=2 gives
   ``P("expert", "fsdp", "tensor")`` and ``("vocab", "embed")`` with vocab 63 on tensor=2 gives
-  ``P(None, ...)``. Unknown logical names raise ValueError naming ``mesh.rules``.
+  ``P(None, ...)``. Unknown logical names raise ValueError naming ``LOGICAL_RULES``.
   """
   table = {name: tuple(mesh_axes) for name, mesh_axes in rules}
   used: set[str] = set()
@@ -173,7 +137,8 @@ def logical_to_spec(axes: Sequence[Optional[str]], shape: Sequence[int], mesh: M
       spec.append(None)
       continue
     if name not in table:
-      raise ValueError(f"logical axis {name!r} has no entry in mesh.rules {tuple(table)}.")
+      raise ValueError(f"logical axis {name!r} has no entry in the logical-axis rules "
+                       f"{tuple(table)} (sao_jax/train/sharding.py:LOGICAL_RULES).")
     chosen, size = [], 1
     for ax in table[name]:
       n = mesh.shape.get(ax, 1)
@@ -187,43 +152,31 @@ def logical_to_spec(axes: Sequence[Optional[str]], shape: Sequence[int], mesh: M
   return P(*spec)
 
 
-def param_specs(params: Any, mesh: Mesh, rules=LOGICAL_RULES, param_axes=PARAM_AXES) -> Any:
-  """PartitionSpec pytree for a params pytree (arrays or ``ShapeDtypeStruct``s)."""
-  return jax.tree_util.tree_map_with_path(
-      lambda p, x: logical_to_spec(logical_axes(param_path(p), len(x.shape), param_axes),
-                                   x.shape, mesh, rules), params)
+def param_specs(params: Any, mesh: Mesh, rules=LOGICAL_RULES) -> Any:
+  """PartitionSpec pytree for a params pytree (arrays or ``ShapeDtypeStruct``s), from the
+  model's logical axes (``models.partition.logical_axes``) and ``rules``."""
+  axes = partition.logical_axes(params)
+  return jax.tree.map(lambda a, x: logical_to_spec(a, x.shape, mesh, rules), axes, params,
+                      is_leaf=lambda x: isinstance(x, tuple))
 
 
-def param_shardings(params: Any, mesh: Mesh, rules=LOGICAL_RULES, param_axes=PARAM_AXES) -> Any:
+def param_shardings(params: Any, mesh: Mesh, rules=LOGICAL_RULES) -> Any:
   """NamedSharding pytree for a params pytree."""
-  return jax.tree.map(lambda s: NamedSharding(mesh, s),
-                      param_specs(params, mesh, rules, param_axes),
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(params, mesh, rules),
                       is_leaf=lambda x: isinstance(x, P))
 
 
 def opt_state_shardings(tx: optax.GradientTransformation, params: Any, p_shardings: Any,
                         mesh: Mesh) -> Any:
-  """Shardings of ``tx.init(params)``: every leaf whose path ends with a parameter's path and
-  has that parameter's shape (Adam ``mu``/``nu``, ...) is sharded like the parameter; all other
-  leaves (counts, schedule state) are replicated. Frozen leaves of ``optax.multi_transform(...,
-  set_to_zero())`` hold no state at all (``MaskedNode``), so nothing is allocated for them."""
+  """Shardings of ``tx.init(params)``: every copy of the parameter tree inside the optimizer
+  state (Adam ``mu``/``nu``, ...) is sharded like the parameters (``optax.tree_map_params``);
+  other leaves (counts, schedule state) are replicated. Frozen leaves of
+  ``optax.multi_transform(..., set_to_zero())`` hold no state (``MaskedNode``)."""
   state_shape = jax.eval_shape(tx.init, params)
-  by_path = {}
-  for (path, x), sh in zip(jax.tree_util.tree_flatten_with_path(params)[0],
-                           jax.tree.leaves(p_shardings)):
-    by_path[param_path(path)] = (tuple(x.shape), sh)
   replicated = NamedSharding(mesh, P())
-
-  def pick(path, leaf):
-    full = param_path(path)
-    best = None
-    for p, (shape, sh) in by_path.items():
-      if (full == p or full.endswith("/" + p)) and shape == tuple(leaf.shape):
-        if best is None or len(p) > len(best[0]):
-          best = (p, sh)
-    return replicated if best is None else best[1]
-
-  return jax.tree_util.tree_map_with_path(pick, state_shape)
+  return optax.tree_map_params(tx, lambda _, sh: sh, state_shape, p_shardings,
+                               transform_non_params=lambda _: replicated,
+                               is_leaf=lambda x: isinstance(x, NamedSharding))
 
 
 def batch_spec(mesh: Mesh, batch_size: Optional[int] = None, rules=LOGICAL_RULES) -> P:
@@ -240,10 +193,9 @@ def batch_shards(mesh: Mesh, rules=LOGICAL_RULES) -> int:
 
 
 def make_step_shardings(mesh: Mesh, params: Any, tx: Optional[optax.GradientTransformation],
-                        *, rules=LOGICAL_RULES, param_axes=PARAM_AXES) -> StepShardings:
+                        *, rules=LOGICAL_RULES) -> StepShardings:
   """All shardings a train step needs for ``params`` (and its ``TrainState`` under ``tx``)."""
-  from sao_jax.train.steps import TrainState  # pylint: disable=import-outside-toplevel
-  p_sh = param_shardings(params, mesh, rules, param_axes)
+  p_sh = param_shardings(params, mesh, rules)
   state_sh = None
   if tx is not None:
     state_sh = TrainState(params=p_sh, opt_state=opt_state_shardings(tx, params, p_sh, mesh),
