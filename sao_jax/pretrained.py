@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from sao_jax.models.transformer import ModelConfig
+
 
 def source(config) -> str:
   """"gguf", "hf", "orbax" or "random"."""
@@ -31,6 +33,16 @@ def load_tokenizer(config):
   if kind == "hf":
     return HFTokenizer.from_pretrained(config.model.checkpoint_dir)
   return None
+
+
+def model_config(config, vocab_size: int):
+  """The ``ModelConfig`` of a randomly initialised policy from ``config.model`` (the shapes a
+  checkpoint does not give)."""
+  m = config.model
+  return ModelConfig(vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers,
+                     n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, head_dim=m.head_dim,
+                     d_ff=m.d_ff, rope_theta=m.rope_theta, max_seq_len=m.max_seq_len,
+                     dtype=m.dtype)
 
 
 def load_model(config) -> Optional[tuple]:

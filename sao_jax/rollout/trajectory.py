@@ -1,10 +1,8 @@
-"""The ``Trajectory`` record the rollout side emits and its collation into a training batch."""
+"""The ``Trajectory`` record the rollout side emits (the learner builds its ``Batch`` from it)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
-
 import numpy as np
 
 
@@ -55,42 +53,3 @@ class Trajectory:
 def bucket_length(n: int, multiple: int = 32) -> int:
   """Rounds ``n`` up to a multiple of ``multiple`` (limits the number of compiled shapes)."""
   return max(multiple, -(-n // multiple) * multiple)
-
-
-def collate(trajectories: Sequence[Trajectory], pad_id: int, length: int | None = None,
-            multiple: int = 32) -> dict[str, np.ndarray]:
-  """Right-pads trajectories into a token-major batch.
-
-  Returns a dict of numpy arrays, each [B, T] (T = ``length`` or the longest rounded up to
-  ``multiple``): ``tokens`` int32, ``action_mask`` float32, ``rollout_logprobs`` float32,
-  ``policy_version`` int32 (-1 off actions), ``rewards`` float32 (the outcome reward on each
-  row's last action token, 0 elsewhere), and ``num_action_tokens`` int32 [B].
-
-  Raises ValueError if a trajectory is longer than ``length``.
-  """
-  if not trajectories:
-    raise ValueError("collate needs at least one trajectory.")
-  longest = max(len(t.tokens) for t in trajectories)
-  t_len = length or bucket_length(longest, multiple)
-  if longest > t_len:
-    raise ValueError(f"trajectory of {longest} tokens does not fit the batch length {t_len}.")
-  b = len(trajectories)
-  out = {
-      "tokens": np.full((b, t_len), pad_id, np.int32),
-      "action_mask": np.zeros((b, t_len), np.float32),
-      "rollout_logprobs": np.zeros((b, t_len), np.float32),
-      "policy_version": np.full((b, t_len), -1, np.int32),
-      "rewards": np.zeros((b, t_len), np.float32),
-      "num_action_tokens": np.zeros((b,), np.int32),
-  }
-  for i, t in enumerate(trajectories):
-    n = len(t.tokens)
-    out["tokens"][i, :n] = t.tokens
-    out["action_mask"][i, :n] = t.action_mask
-    out["rollout_logprobs"][i, :n] = t.logprobs
-    out["policy_version"][i, :n] = t.policy_version
-    actions = np.nonzero(t.action_mask)[0]
-    if actions.size:
-      out["rewards"][i, actions[-1]] = t.reward
-    out["num_action_tokens"][i] = actions.size
-  return out

@@ -20,6 +20,7 @@ import os
 from typing import Optional
 
 from sao_jax.train.checkpoint import Checkpointer
+from sao_jax.train.metrics import require_wandb
 
 
 class NonFiniteError(RuntimeError):
@@ -144,3 +145,26 @@ def check_resume_config(run_dir: str, config_json: str, resume_step: Optional[in
     raise ValueError(f"{run_dir} holds a checkpoint (step {resume_step}) of a run with another "
                      f"config: {diff}{more}. Resuming would continue that run, not this one; "
                      f"{fix}.")
+
+
+def prepare_run_dir(config) -> tuple[Optional[int], str]:
+  """Creates ``run_dir``; finds the checkpoint to resume from (``checkpoint.resume``), refuses
+  a run folder made with another config (``check_resume_config``), writes the resolved
+  ``config.json`` and drops metric / ledger records of steps after the checkpoint (all of them
+  on a fresh start). Returns ``(resume_step or None, checkpoint folder)``. Raises ImportError
+  at once if ``log.wandb_project`` is set without wandb installed."""
+  run_dir = config.run_dir
+  os.makedirs(run_dir, exist_ok=True)
+  ckpt_dir = os.path.join(run_dir, "checkpoints")
+  resume_step = resume_point(ckpt_dir) if config.checkpoint.get("resume", True) else None
+  config_json = config.to_json_best_effort(indent=2)  # the resolved config, overrides included
+  check_resume_config(run_dir, config_json, resume_step, config.train.num_steps)
+  with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
+    f.write(config_json)
+  if config.log.get("wandb_project", ""):
+    require_wandb()  # fail now, not after the warm-up
+  for name in ("metrics.jsonl", "ledger.jsonl"):
+    truncate_jsonl(os.path.join(run_dir, name), -1 if resume_step is None else resume_step)
+  if resume_step is not None:
+    print(f"resuming from {ckpt_dir} step {resume_step}", flush=True)
+  return resume_step, ckpt_dir

@@ -174,9 +174,10 @@ def opt_state_shardings(tx: optax.GradientTransformation, params: Any, p_shardin
   ``optax.multi_transform(..., set_to_zero())`` hold no state (``MaskedNode``)."""
   state_shape = jax.eval_shape(tx.init, params)
   replicated = NamedSharding(mesh, P())
-  return optax.tree_map_params(tx, lambda _, sh: sh, state_shape, p_shardings,
-                               transform_non_params=lambda _: replicated,
-                               is_leaf=lambda x: isinstance(x, NamedSharding))
+  masked = optax.transforms.MaskedNode
+  return optax.tree_map_params(
+      tx, lambda leaf, sh: leaf if isinstance(leaf, masked) else sh, state_shape, p_shardings,
+      transform_non_params=lambda _: replicated, is_leaf=lambda x: isinstance(x, masked))
 
 
 def batch_spec(mesh: Mesh, batch_size: Optional[int] = None, rules=LOGICAL_RULES) -> P:

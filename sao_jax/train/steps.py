@@ -1,16 +1,16 @@
-"""Pure, jitted train steps: SFT warm-up, critic (value) step, policy (DIS) step, advantages.
+"""Pure train-step functions: advantage targets, critic (value) update, policy update, batch
+metrics, and the SFT warm-up step.
 
-Each ``make_*`` returns ``step(state, batch) -> (state, metrics)`` jitted with the state donated,
-following the Flax NNX Gemma example: the model's ``graphdef`` is static and the params (a pure
-dict) are merged inside the loss. Batches are dicts of ``[B, T]`` arrays aligned with ``tokens``:
-index t of ``action_mask``, ``rollout_logprobs``, ``advantages``, ``returns`` refers to token t,
-whose log-prob comes from the logits at position t-1 (token 0 is never an action).
+The learner (``sao_jax.train.learner``) jits them with explicit shardings and donation; here
+they are plain functions of ``(state, batch, ...) -> (state, metrics)``, following the Flax NNX
+Gemma example: the model's ``graphdef`` is static and the params (a pure dict) are merged inside
+the loss. ``batch`` is a ``sao_jax.train.batch.Batch``; index t of every ``[B, T]`` array refers
+to token t, whose log-prob comes from the logits at position t-1 (token 0 is never an action).
 
-Optional arguments (defaults keep the single-device behaviour): ``shardings`` (a
-``sao_jax.train.sharding.StepShardings``) jits with explicit ``in_shardings`` / ``out_shardings``
-on a mesh and adds activation sharding constraints; ``microbatches`` accumulates gradients over
-that many micro-batches in a ``lax.scan`` and gives the same loss and gradients as one pass over
-the whole batch (token means use the whole batch's action-token count).
+``microbatches`` M > 1 accumulates gradients over M interleaved micro-batches in a
+``lax.scan`` and gives the same loss and gradients as one pass over the whole batch (token means
+use the whole batch's action-token count). ``constrain(x, kind)`` adds activation sharding
+hints ("logits" [B, T, V], "tokens" [B, T]); the identity on one device.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from flax import nnx, struct
 
 from sao_jax import algo
 from sao_jax.models.transformer import default_positions
+from sao_jax.train.batch import Batch
 
 
 @struct.dataclass
@@ -57,12 +58,9 @@ def _global_norm(tree) -> jax.Array:
   return optax.tree.norm(tree).astype(jnp.float32)
 
 
-def _jit_step(step, shardings):
-  """jit with the state donated; with ``shardings``, explicit in/out shardings (pjit style)."""
-  if shardings is None:
-    return jax.jit(step, donate_argnums=0)
-  return jax.jit(step, in_shardings=(shardings.state, shardings.batch),
-                 out_shardings=(shardings.state, shardings.replicated), donate_argnums=0)
+def _no_constraint(x, kind):
+  del kind
+  return x
 
 
 def split_microbatches(batch, microbatches: int):
@@ -74,16 +72,17 @@ def split_microbatches(batch, microbatches: int):
     b = x.shape[0]
     if b % microbatches:
       raise ValueError(f"batch of {b} rows does not split into microbatches={microbatches} "
-                       "(planned from mesh.tokens_per_device); pad the batch with "
-                       "sao_jax.train.distributed.pad_rows.")
+                       "(planned from mesh.tokens_per_device); build the batch with "
+                       "rows= a multiple of it (sao_jax.train.batch.build_batch).")
     x = x.reshape((b // microbatches, microbatches) + x.shape[1:])
     return jnp.swapaxes(x, 0, 1)
   return jax.tree.map(split, batch)
 
 
-def _value_and_grad(loss_fn, params, batch, microbatches: int = 1, shardings=None):
+def _value_and_grad(loss_fn, params, batch, microbatches: int = 1):
   """``value_and_grad(loss_fn, has_aux=True)(params, batch)``, optionally accumulated.
 
+  ``batch`` is a pytree with the ``Batch`` under key "batch" (and per-token targets beside it);
   ``loss_fn(params, batch) -> (loss, metrics)`` must return token means over the batch's action
   tokens (``sum / max(n, 1)``, n = action tokens). With ``microbatches`` M > 1 each micro-batch's
   loss and metrics are re-weighted by ``max(n_j, 1) / max(N, 1)`` (N = whole batch) and summed,
@@ -91,7 +90,7 @@ def _value_and_grad(loss_fn, params, batch, microbatches: int = 1, shardings=Non
   "max" are maxima over micro-batches instead."""
   if microbatches == 1:
     return jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
-  count = lambda b: jnp.maximum(b["action_mask"].astype(bool).sum(dtype=jnp.float32), 1.0)
+  count = lambda b: jnp.maximum(b["batch"].action_mask.sum(dtype=jnp.float32), 1.0)
   total = count(batch)
   micro = split_microbatches(batch, microbatches)
 
@@ -107,12 +106,8 @@ def _value_and_grad(loss_fn, params, batch, microbatches: int = 1, shardings=Non
 
   def body(carry, mb):
     g_acc, l_acc, m_acc = carry
-    if shardings is not None:
-      mb = jax.lax.with_sharding_constraint(mb, shardings.batch)
     (loss, (metrics, w)), grads = grad_fn(params, mb)
     g_acc = jax.tree.map(jnp.add, g_acc, grads)
-    if shardings is not None:
-      g_acc = jax.lax.with_sharding_constraint(g_acc, shardings.params)
     m_acc = {k: jnp.maximum(m_acc[k], v) if "max" in k else m_acc[k] + w * v
              for k, v in metrics.items()}
     return (g_acc, l_acc + loss, m_acc), None
@@ -143,92 +138,6 @@ def make_sft_step(graphdef, tx):
   return step
 
 
-CRITIC_ESTIMATORS = ("skip_obs_gae", "naive_gae", "step_gae_mean", "step_gae_last")
-
-
-def make_advantage_fn(critic_graphdef, *, gamma: float, lam_policy, lam_critic: float = 1.0,
-                      lam_alpha: float = 1.5, estimator: str = "skip_obs_gae",
-                      bootstrap_truncated: bool = False, shardings=None):
-  """Values from the current critic, then advantages (policy lambda) and returns (critic lambda)
-  from the same values (SAO §3.3, decoupled lambda after VAPO).
-
-  ``lam_policy`` is a float or "adaptive" (``1 - 1/(lam_alpha * l)``, l = action tokens per row,
-  VAPO). ``estimator``: "skip_obs_gae" (SAO default), "naive_gae" (GAE through observation
-  tokens, the ablation), "step_gae_mean" / "step_gae_last" (one value per turn, paper appendix).
-  ``bootstrap_truncated``: for rows with ``batch["truncated"]`` set, bootstrap from the critic's
-  value of the state after the row's last token (``batch["last_index"]``) instead of 0.
-  Returns a jitted ``fn(critic_params, batch) -> dict(values, advantages, returns)``; with
-  ``shardings`` (``StepShardings``) params and batch come in, and the [B, T] outputs go out,
-  sharded like the batch rows.
-  """
-  if estimator not in CRITIC_ESTIMATORS:
-    raise ValueError(f"unknown critic advantage estimator {estimator!r}; use one of "
-                     f"{CRITIC_ESTIMATORS} (train.advantage_estimator).")
-
-  def gae(rewards, values, mask, lam, bootstrap):
-    if estimator == "skip_obs_gae":
-      return algo.skip_observation_gae(rewards, values, mask, gamma, lam, bootstrap)
-    if estimator == "naive_gae":
-      return algo.naive_token_gae(rewards, values, mask, gamma, lam, bootstrap)
-    return algo.step_level_gae(rewards, values, mask, gamma, lam,
-                               "mean" if estimator == "step_gae_mean" else "last", bootstrap)
-
-  def fn(critic_params, batch):
-    critic = nnx.merge(critic_graphdef, critic_params)
-    raw = critic(batch["tokens"], default_positions(batch["tokens"]))
-    if shardings is not None:
-      raw = shardings.constrain(raw, shardings.values_spec)
-    values = shift_values(raw)
-    if estimator == "naive_gae":  # the naive estimator reads values on observation tokens too
-      values = jax.lax.stop_gradient(values * algo.response_span(batch["action_mask"]))
-    else:
-      values = jax.lax.stop_gradient(values * batch["action_mask"])
-    bootstrap = None
-    if bootstrap_truncated:
-      last = jnp.take_along_axis(raw, batch["last_index"][:, None], axis=-1)[:, 0]
-      bootstrap = jax.lax.stop_gradient(jnp.where(batch["truncated"], last, 0.0))
-    if lam_policy == "adaptive":
-      lam = algo.length_adaptive_lambda(batch["action_mask"].sum(-1), lam_alpha)
-    else:
-      lam = jnp.float32(lam_policy)
-    adv, _ = gae(batch["rewards"], values, batch["action_mask"], lam, bootstrap)
-    _, returns = gae(batch["rewards"], values, batch["action_mask"], lam_critic, bootstrap)
-    return {"values": values, "advantages": adv, "returns": returns}
-
-  if shardings is None:
-    return jax.jit(fn)
-  return jax.jit(fn, in_shardings=(shardings.params, shardings.batch),
-                 out_shardings=shardings.batch)
-
-
-def make_critic_step(graphdef, tx, *, value_clip_eps=None, shardings=None, microbatches: int = 1):
-  """One value-model update on fixed targets. batch: tokens, action_mask, returns, values
-  (the values used to build the targets, for clipping and explained variance).
-
-  ``shardings``: optional ``StepShardings`` (state and batch shardings on a mesh);
-  ``microbatches``: gradient accumulation over that many interleaved micro-batches (B must be
-  a multiple of it)."""
-
-  def loss_fn(params, batch):
-    critic = nnx.merge(graphdef, params)
-    values = critic(batch["tokens"], default_positions(batch["tokens"]))
-    if shardings is not None:
-      values = shardings.constrain(values, shardings.values_spec)
-    values = shift_values(values)
-    return algo.value_loss(values, batch["returns"], batch["action_mask"],
-                           old_values=batch["values"], clip_eps=value_clip_eps)
-
-  def step(state: TrainState, batch):
-    (loss, metrics), grads = _value_and_grad(loss_fn, state.params, batch, microbatches,
-                                             shardings)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, value_loss=loss, critic_grad_norm=_global_norm(grads))
-    return TrainState(params, opt_state, state.step + 1), metrics
-
-  return _jit_step(step, shardings)
-
-
 def token_logprobs_and_entropy(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0):
   """Like ``token_logprobs`` and also the policy entropy of each position's distribution
   (nats), both float32 [B, T] aligned with ``tokens`` (0 at t = 0)."""
@@ -238,56 +147,127 @@ def token_logprobs_and_entropy(logits: jax.Array, tokens: jax.Array, temperature
   return jnp.pad(picked, ((0, 0), (1, 0))), jnp.pad(entropy, ((0, 0), (1, 0)))
 
 
-def make_logprob_fn(graphdef, temperature: float = 1.0):
-  """Jitted ``fn(params, batch) -> logprobs [B, T]`` (e.g. the reference policy for KL)."""
-
-  @jax.jit
-  def fn(params, batch):
-    model = nnx.merge(graphdef, params)
-    logits, _ = model(batch["tokens"], default_positions(batch["tokens"]))
-    return jax.lax.stop_gradient(token_logprobs(logits, batch["tokens"], temperature))
-
-  return fn
+STALENESS_BINS = 64  # staleness_hist: action tokens per staleness 0..63 (larger counted in 63)
 
 
-def make_policy_step(graphdef, tx, *, eps_low: float, eps_high: float, temperature: float = 1.0,
-                     objective: str = "dis", objective_kwargs: dict | None = None,
-                     shardings=None, microbatches: int = 1):
-  """One policy update with ``algo.OBJECTIVES[objective]`` (default DIS, SAO Eq. 1-3).
+def advantage_targets(critic_graphdef, critic_params, batch: Batch, *, estimator: str,
+                      gamma: float, lam_policy, lam_alpha: float, lam_critic: float,
+                      bootstrap_truncated: bool, grpo_eps: float, constrain=_no_constraint):
+  """Values, advantages and returns for a batch (SAO §3.3; ``algo.ESTIMATORS[estimator]``).
 
-  batch: tokens, action_mask, rollout_logprobs, advantages, optional ref_logprobs (KL term).
-  ``eps_low`` / ``eps_high`` are passed to the band / clip objectives; ``objective_kwargs`` adds
-  the objective's other keywords (dual_clip, tis_cap, icepop_*, aggregation, kl_coef, ...). The
-  old policy of the PPO family is ``stop_gradient(logprobs)``: the batch gets one policy update,
-  so that *is* the recomputed old policy. The policy's log-probs use the same temperature the
-  engine sampled with, so on-policy ratios are 1.
+  With a critic estimator: values from the current critic (``V(s_t)`` at token t, zero off
+  action tokens -- or off the response span for naive GAE), advantages with the policy lambda
+  (``lam_policy``: a float or "adaptive" = ``1 - 1/(lam_alpha * l)``, l = action tokens of the
+  row, VAPO) and returns with ``lam_critic``, both from the same values (decoupled lambda).
+  ``bootstrap_truncated``: truncated rows bootstrap from the critic's value of the state after
+  their last token instead of 0. Critic-free estimators (GRPO, running mean) give per-row
+  advantages broadcast onto the row's action tokens; values and returns are 0.
 
-  ``shardings``: optional ``StepShardings`` (state and batch shardings on a mesh, logits
-  constrained to rows x vocab); ``microbatches``: gradient accumulation over that many
-  interleaved micro-batches (B must be a multiple of it; exact for token-mean aggregation)."""
-  if microbatches > 1 and (objective_kwargs or {}).get("aggregation", "token_mean") != "token_mean":
-    raise ValueError("micro-batching (mesh.tokens_per_device) is exact only for "
-                     "train.aggregation='token_mean'; use one micro-batch or token_mean.")
+  Returns dict(values, advantages, returns), float32 [B, T], no gradient.
+  """
+  est = algo.get_estimator(estimator)
+  mask = batch.action_mask
+  if not est.uses_critic:
+    row = est.fn(batch.reward, batch.group_id, batch.baseline, grpo_eps)
+    zeros = jnp.zeros(mask.shape, jnp.float32)
+    return {"values": zeros, "advantages": algo.broadcast_to_tokens(row, mask), "returns": zeros}
+  critic = nnx.merge(critic_graphdef, critic_params)
+  raw = constrain(critic(batch.tokens, default_positions(batch.tokens)), "tokens")
+  on = algo.response_span(mask) if est.values_on_span else mask
+  values = jax.lax.stop_gradient(shift_values(raw) * on)
+  bootstrap = None
+  if bootstrap_truncated:
+    last = jnp.take_along_axis(raw, batch.last_index[:, None], axis=-1)[:, 0]
+    bootstrap = jax.lax.stop_gradient(jnp.where(batch.truncated, last, 0.0))
+  if lam_policy == "adaptive":
+    lam = algo.length_adaptive_lambda(mask.sum(-1), lam_alpha)
+  else:
+    lam = jnp.float32(lam_policy)
+  rewards = batch.token_rewards()
+  adv, _ = est.fn(rewards, values, mask, gamma, lam, bootstrap)
+  _, returns = est.fn(rewards, values, mask, gamma, lam_critic, bootstrap)
+  return {"values": values, "advantages": jax.lax.stop_gradient(adv),
+          "returns": jax.lax.stop_gradient(returns)}
+
+
+def critic_update(graphdef, tx, state: TrainState, batch: Batch, targets: dict, *,
+                  value_clip_eps: float = 0.0, microbatches: int = 1,
+                  constrain=_no_constraint):
+  """One value-model update on fixed targets (``targets["returns"]``; ``targets["values"]``
+  are the values the targets were built from, for clipping at ``value_clip_eps`` > 0).
+  Returns (state, metrics: value_loss, value_mean, return_mean, value_clipped_fraction,
+  critic_grad_norm)."""
+
+  def loss_fn(params, mb):
+    critic = nnx.merge(graphdef, params)
+    values = constrain(critic(mb["batch"].tokens, default_positions(mb["batch"].tokens)),
+                       "tokens")
+    return algo.value_loss(shift_values(values), mb["returns"], mb["batch"].action_mask,
+                           old_values=mb["values"],
+                           clip_eps=value_clip_eps if value_clip_eps > 0 else None)
+
+  data = {"batch": batch, "returns": targets["returns"], "values": targets["values"]}
+  (loss, metrics), grads = _value_and_grad(loss_fn, state.params, data, microbatches)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = dict(metrics, value_loss=loss, critic_grad_norm=_global_norm(grads))
+  return TrainState(params, opt_state, state.step + 1), metrics
+
+
+def policy_update(graphdef, tx, state: TrainState, batch: Batch, advantages: jax.Array,
+                  ref_params=None, *, objective: str, objective_kwargs: dict,
+                  temperature: float, microbatches: int = 1, constrain=_no_constraint):
+  """One policy update with ``algo.OBJECTIVES[objective]`` (default DIS, SAO Eq. 1-3) against
+  the engine's rollout log-probs. ``objective_kwargs``: the objective's knobs (eps band,
+  dual_clip, tis_cap, icepop_*, aggregation, entropy_coef, kl_coef, ...); with ``ref_params``
+  the reference policy's log-probs enter the KL term. The policy's log-probs use the
+  temperature the engine sampled with, so on-policy ratios are 1. The old policy of the PPO
+  family is ``stop_gradient(logprobs)`` (one update per batch). Returns (state, metrics)."""
   fn = algo.get_objective(objective)
-  kwargs = dict(objective_kwargs or {})
-  if objective != "reinforce":
-    kwargs.update(eps_low=eps_low, eps_high=eps_high)
 
-  def loss_fn(params, batch):
-    model = nnx.merge(graphdef, params)
-    logits, _ = model(batch["tokens"], default_positions(batch["tokens"]))
-    if shardings is not None:
-      logits = shardings.constrain(logits, shardings.logits_spec)
-    logp, entropy = token_logprobs_and_entropy(logits, batch["tokens"], temperature)
-    return fn(logp, batch["rollout_logprobs"], batch["advantages"], batch["action_mask"],
-              entropy=entropy, ref_logprobs=batch.get("ref_logprobs"), **kwargs)
+  def logprobs_of(params, tokens):
+    logits, _ = nnx.merge(graphdef, params)(tokens, default_positions(tokens))
+    return token_logprobs_and_entropy(constrain(logits, "logits"), tokens, temperature)
 
-  def step(state: TrainState, batch):
-    (loss, metrics), grads = _value_and_grad(loss_fn, state.params, batch, microbatches,
-                                             shardings)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = dict(metrics, policy_loss=loss, policy_grad_norm=_global_norm(grads))
-    return TrainState(params, opt_state, state.step + 1), metrics
+  def loss_fn(params, mb):
+    b = mb["batch"]
+    logp, entropy = logprobs_of(params, b.tokens)
+    ref = None
+    if ref_params is not None:
+      ref = jax.lax.stop_gradient(logprobs_of(ref_params, b.tokens)[0])
+    return fn(logp, b.rollout_logprobs, mb["advantages"], b.action_mask, entropy=entropy,
+              ref_logprobs=ref, **objective_kwargs)
 
-  return _jit_step(step, shardings)
+  data = {"batch": batch, "advantages": advantages}
+  (loss, metrics), grads = _value_and_grad(loss_fn, state.params, data, microbatches)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = dict(metrics, policy_loss=loss, policy_grad_norm=_global_norm(grads))
+  return TrainState(params, opt_state, state.step + 1), metrics
+
+
+def batch_metrics(batch: Batch, targets: dict, policy_version: jax.Array) -> dict:
+  """Scalar metrics of one batch, computed once inside jit: staleness (``policy_version`` minus
+  the version that sampled each action token: mean, max, ``staleness_hist`` int32
+  [STALENESS_BINS]), advantages (mean / std over action tokens), explained variance of the
+  critic, value min / max over action tokens, action tokens, reward mean over real rows."""
+  mask = batch.action_mask
+  n = jnp.maximum(mask.sum(dtype=jnp.float32), 1.0)
+  stale = jnp.where(mask, policy_version - batch.policy_version, 0)
+  hist = jax.ops.segment_sum(mask.astype(jnp.int32).ravel(),
+                             jnp.clip(stale, 0, STALENESS_BINS - 1).ravel(), STALENESS_BINS)
+  adv = targets["advantages"]
+  adv_mean = jnp.where(mask, adv, 0.0).sum() / n
+  adv_var = jnp.where(mask, (adv - adv_mean) ** 2, 0.0).sum() / n
+  values = targets["values"]
+  real = batch.group_id >= 0
+  return {
+      "staleness_mean": stale.sum() / n, "staleness_max": stale.max().astype(jnp.float32),
+      "staleness_hist": hist,
+      "advantage_mean": adv_mean, "advantage_std": jnp.sqrt(adv_var),
+      "explained_variance": algo.explained_variance(values, targets["returns"], mask),
+      "value_min": jnp.where(mask, values, jnp.inf).min(),
+      "value_max": jnp.where(mask, values, -jnp.inf).max(),
+      "action_tokens": mask.sum(dtype=jnp.float32),
+      "reward_mean": jnp.where(real, batch.reward, 0.0).sum() / jnp.maximum(real.sum(), 1),
+  }

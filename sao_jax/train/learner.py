@@ -1,0 +1,344 @@
+"""The one learner: every mode, objective and estimator, on any mesh (no mesh = one device).
+
+Per policy step (SAO §3, Algorithm 1), on a ``Batch``:
+  1. targets: values V from the current critic, advantages with the estimator
+     (``algo.ESTIMATORS``; skip-observation GAE with the length-adaptive policy lambda by
+     default) and returns with ``lam_critic`` -- from the same values; critic-free estimators
+     (GRPO, running mean) give per-row advantages instead;
+  2. K critic updates (attention frozen) on those fixed returns;
+  3. one policy update with the objective (``algo.OBJECTIVES``; DIS by default) against the
+     engine's rollout log-probs;
+  4. batch metrics (staleness, advantages, explained variance), once, inside jit;
+  5. the caller publishes the new weights (``policy_version`` + 1).
+
+Multi-controller model (JAX's own runtime): every process runs the same learner on the same
+config and feeds only its own rows (``jax.make_array_from_process_local_data``); the jitted
+steps see global arrays and GSPMD inserts the collectives. The jits below are the place to read
+what is sharded how and what is donated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from typing import Any, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from sao_jax import algo
+from sao_jax.rollout.trajectory import Trajectory
+from sao_jax.train import modes, optim, sharding, steps
+from sao_jax.train.baselines import RunningMeanBaseline
+from sao_jax.train.batch import Batch, build_batch
+from sao_jax.train.distributed import microbatch_plan, process_rows
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+  """Everything the learner reads, filled from the config file by ``from_config`` (the config
+  file is the one home of every default; ``configs/arith_tool.py`` documents each field).
+
+  ``spec`` is the resolved ``modes.ModeSpec`` (objective, estimator, group size, critic)."""
+  spec: modes.ModeSpec
+  eps_low: float
+  eps_high: float
+  ppo_eps_low: float
+  ppo_eps_high: float
+  objective_kwargs: dict
+  gamma: float
+  lam_policy: Any
+  lam_alpha: float
+  lam_critic: float
+  bootstrap_truncated: bool
+  grpo_eps: float
+  baseline_window: int
+  global_baseline_window: int
+  critic_updates_per_step: int
+  policy_lr: float
+  critic_lr: float
+  critic_lr_warmup_steps: int
+  max_grad_norm: float
+  critic_frozen_patterns: tuple
+  value_clip_eps: float
+  temperature: float
+  batch_length: int
+  tokens_per_device: int
+
+  @classmethod
+  def from_config(cls, config, **overrides) -> "LearnerConfig":
+    """From a full config (``config.train``, ``config.rollout.temperature``,
+    ``config.model.max_seq_len``, ``config.mesh.tokens_per_device``); ``overrides`` replace
+    fields of ``config.train`` by name. Raises ValueError (naming the field) on a bad mode,
+    objective or estimator."""
+    t = dict(config.train.to_dict() if hasattr(config.train, "to_dict") else config.train)
+    t.update(overrides)
+    spec = modes.resolve(t["mode"], t["objective"], t["advantage_estimator"], t["group_size"],
+                         t["batch_size"])
+    knobs = dict(aggregation=t["aggregation"], entropy_coef=t["entropy_coef"],
+                 kl_coef=t["kl_coef"], dual_clip=t["dual_clip"] or None, tis_cap=t["tis_cap"],
+                 icepop_low=t["icepop_low"], icepop_high=t["icepop_high"],
+                 norm_constant=t["loss_norm_constant"] or None)
+    accepted = inspect.signature(algo.get_objective(spec.objective)).parameters
+    mesh = config.get("mesh") or {}
+    return cls(
+        spec=spec, eps_low=t["eps_low"], eps_high=t["eps_high"], ppo_eps_low=t["ppo_eps_low"],
+        ppo_eps_high=t["ppo_eps_high"],
+        objective_kwargs={k: v for k, v in knobs.items() if k in accepted},
+        gamma=t["gamma"], lam_policy=t["lam_policy"], lam_alpha=t["lam_alpha"],
+        lam_critic=t["lam_critic"], bootstrap_truncated=t["bootstrap_truncated"],
+        grpo_eps=1e-6, baseline_window=t["baseline_window"],
+        global_baseline_window=t["global_baseline_window"],
+        critic_updates_per_step=t["critic_updates_per_step"], policy_lr=t["policy_lr"],
+        critic_lr=t["critic_lr"], critic_lr_warmup_steps=t["critic_lr_warmup_steps"],
+        max_grad_norm=t["max_grad_norm"],
+        critic_frozen_patterns=(tuple(t["critic_frozen_patterns"])
+                                if t["freeze_critic_attention"] else ()),
+        value_clip_eps=t["value_clip_eps"], temperature=config.rollout.temperature,
+        batch_length=config.model.max_seq_len,
+        tokens_per_device=int(mesh.get("tokens_per_device", 0) or 0))
+
+  @property
+  def band(self) -> tuple[float, float]:
+    """(eps_low, eps_high) of the objective: the DIS band for dis, the clip band otherwise."""
+    if self.spec.objective == "dis":
+      return self.eps_low, self.eps_high
+    return self.ppo_eps_low, self.ppo_eps_high
+
+
+def one_device_mesh():
+  """A mesh of this process's first device (the learner's default)."""
+  return sharding.make_mesh({"data": 1}, devices=jax.local_devices()[:1])
+
+
+def _put(tree, shardings):
+  """Host pytree (the same values on every process) -> new global arrays with ``shardings``.
+  Always a copy: the learner owns (and donates) what it holds, never the caller's arrays."""
+  return jax.tree.map(
+      lambda x, s: jax.make_array_from_callback(np.shape(x), s,
+                                                lambda i, x=x: np.asarray(x)[i]),
+      tree, shardings)
+
+
+class Learner:
+  """Policy and critic train states on a mesh, and the jitted SAO-family steps.
+
+  Args:
+    cfg: ``LearnerConfig``.
+    policy_graphdef / policy_params: the policy ``Transformer`` (``nnx.split``; pure dict).
+    critic_graphdef / critic_params: the ``Critic``; ignored (may be None) when the estimator
+      is critic-free.
+    pad_id / vocab_size: padding id and vocabulary bound of ``build_batch``'s checks.
+    mesh: a ``jax.sharding.Mesh`` (``sharding.make_mesh``); None = one device.
+
+  The params are copied onto the mesh (the caller's arrays stay valid; the learner's own states
+  are donated to its steps). Raises ValueError on a bad config (as ``LearnerConfig``) or a
+  freeze pattern that matches no critic parameter.
+  """
+
+  def __init__(self, cfg: LearnerConfig, policy_graphdef, policy_params, critic_graphdef=None,
+               critic_params=None, *, pad_id: int, vocab_size: Optional[int] = None,
+               mesh=None):
+    self.cfg, self.spec = cfg, cfg.spec
+    self.pad_id, self.vocab_size = pad_id, vocab_size
+    self.mesh = mesh if mesh is not None else one_device_mesh()
+    self.uses_critic = self.spec.uses_critic
+    est = algo.get_estimator(self.spec.estimator)
+    self._baseline = None
+    if est.baseline_window:
+      self._baseline = RunningMeanBaseline(
+          cfg.baseline_window if est.baseline_window == "prompt" else cfg.global_baseline_window,
+          per_key=est.baseline_window == "prompt")
+    self.policy_tx = optim.make_optimizer(policy_params, lr=cfg.policy_lr,
+                                          max_grad_norm=cfg.max_grad_norm)
+    self.policy_sh = sharding.make_step_shardings(self.mesh, policy_params, self.policy_tx)
+    self.policy = self._init_state(policy_params, self.policy_tx, self.policy_sh)
+    self.critic = self.critic_tx = self.critic_sh = None
+    if self.uses_critic:
+      # the critic's lr warm-up is counted in policy steps (K optimizer updates per step)
+      self.critic_tx = optim.make_optimizer(
+          critic_params, lr=cfg.critic_lr, max_grad_norm=cfg.max_grad_norm,
+          warmup_steps=cfg.critic_lr_warmup_steps * cfg.critic_updates_per_step,
+          frozen_patterns=cfg.critic_frozen_patterns)
+      self.critic_sh = sharding.make_step_shardings(self.mesh, critic_params, self.critic_tx)
+      self.critic = self._init_state(critic_params, self.critic_tx, self.critic_sh)
+    kl = cfg.objective_kwargs.get("kl_coef", 0.0)
+    self._ref = _put(policy_params, self.policy_sh.params) if kl else None
+    self.batch_sharding = self.policy_sh.batch
+    self._graphdefs = (policy_graphdef, critic_graphdef)
+    self._shards = sharding.batch_shards(self.mesh)
+    self._jitted: dict[int, tuple] = {}
+
+  @staticmethod
+  def _init_state(params, tx, sh):
+    create = jax.jit(lambda p: steps.TrainState.create(p, tx), in_shardings=(sh.params,),
+                     out_shardings=sh.state)
+    return create(_put(params, sh.params))
+
+  def _constrain(self, x, kind):
+    spec = self.policy_sh.logits_spec if kind == "logits" else self.policy_sh.values_spec
+    return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+  def _steps(self, microbatches: int):
+    """The jitted steps for ``microbatches`` micro-batches: (targets, critic, policy, metrics).
+
+    Shardings: params and optimizer states as ``sharding.make_step_shardings`` lays them out
+    (the model's logical axes); batch rows along the mesh's ``batch`` axes; metrics replicated.
+    The train states are donated (updated in place)."""
+    if microbatches in self._jitted:
+      return self._jitted[microbatches]
+    cfg, (pg, cg) = self.cfg, self._graphdefs
+    rep = NamedSharding(self.mesh, P())
+    rows = self.batch_sharding
+    targets = jax.jit(
+        functools.partial(steps.advantage_targets, cg, estimator=self.spec.estimator,
+                          gamma=cfg.gamma, lam_policy=cfg.lam_policy, lam_alpha=cfg.lam_alpha,
+                          lam_critic=cfg.lam_critic, bootstrap_truncated=cfg.bootstrap_truncated,
+                          grpo_eps=cfg.grpo_eps, constrain=self._constrain),
+        in_shardings=(self.critic_sh.params if self.critic_sh else None, rows),
+        out_shardings=rows)
+    critic = None
+    if self.uses_critic:
+      critic = jax.jit(
+          functools.partial(steps.critic_update, cg, self.critic_tx,
+                            value_clip_eps=cfg.value_clip_eps, microbatches=microbatches,
+                            constrain=self._constrain),
+          in_shardings=(self.critic_sh.state, rows, rows),
+          out_shardings=(self.critic_sh.state, rep), donate_argnums=0)
+    eps_low, eps_high = cfg.band
+    kwargs = dict(cfg.objective_kwargs)
+    if self.spec.objective != "reinforce":
+      kwargs.update(eps_low=eps_low, eps_high=eps_high)
+    if microbatches > 1 and kwargs.get("aggregation", "token_mean") != "token_mean":
+      raise ValueError("micro-batching (mesh.tokens_per_device) is exact only for "
+                       "train.aggregation='token_mean'; set mesh.tokens_per_device=0 or use "
+                       "token_mean.")
+    policy = jax.jit(
+        functools.partial(steps.policy_update, pg, self.policy_tx, objective=self.spec.objective,
+                          objective_kwargs=kwargs, temperature=cfg.temperature,
+                          microbatches=microbatches, constrain=self._constrain),
+        in_shardings=(self.policy_sh.state, rows, rows,
+                      self.policy_sh.params if self._ref is not None else None),
+        out_shardings=(self.policy_sh.state, rep), donate_argnums=0)
+    metrics = jax.jit(steps.batch_metrics, in_shardings=(rows, rows, rep), out_shardings=rep)
+    self._jitted[microbatches] = (targets, critic, policy, metrics)
+    return self._jitted[microbatches]
+
+  # ---- batches -------------------------------------------------------------------------------
+  def plan(self, local_trajectories: int) -> tuple[int, int]:
+    """(global rows, micro-batches) for a step on ``local_trajectories`` per process."""
+    return microbatch_plan(local_trajectories * jax.process_count(), self.cfg.batch_length or 1,
+                           self.cfg.tokens_per_device, self._shards)
+
+  def batch(self, local_trajectories: Sequence[Trajectory]) -> tuple[Batch, int]:
+    """This process's trajectories -> (global ``Batch`` on the mesh, micro-batches).
+
+    Rows are padded with empty rows to the planned row count; the running-mean baseline (if
+    the estimator keeps one) is scored here, before the rewards join its window. Raises
+    ``BatchError`` naming the trajectory and field of a malformed trajectory."""
+    rows, micro = self.plan(len(local_trajectories))
+    n_local = len(process_rows(self.batch_sharding, rows))
+    baseline = None
+    if self._baseline is not None:
+      baseline = self._baseline([t.problem_id for t in local_trajectories],
+                                [t.reward for t in local_trajectories])
+    host = build_batch(local_trajectories, self.pad_id, length=self.cfg.batch_length,
+                       rows=n_local, vocab_size=self.vocab_size, baseline=baseline)
+    return self.global_batch(host, rows), micro
+
+  def global_batch(self, host: Batch, rows: int) -> Batch:
+    """This process's rows of a host ``Batch`` -> global arrays of ``rows`` rows."""
+    return jax.tree.map(
+        lambda v: jax.make_array_from_process_local_data(
+            self.batch_sharding, np.asarray(v), (rows,) + tuple(np.shape(v)[1:])), host)
+
+  # ---- steps ---------------------------------------------------------------------------------
+  def step(self, batch: Batch, policy_version: int, microbatches: int = 1) -> dict:
+    """One policy step of the configured mode: targets, K critic updates, one policy update.
+
+    Returns float metrics (the same on every process) and ``staleness_hist`` (list of int:
+    entry s = action tokens with staleness s against ``policy_version``)."""
+    targets_fn, critic_fn, policy_fn, metrics_fn = self._steps(microbatches)
+    targets = targets_fn(self.critic.params if self.uses_critic else None, batch)
+    out = {}
+    for _ in range(self.cfg.critic_updates_per_step if self.uses_critic else 0):
+      self.critic, out = critic_fn(self.critic, batch, targets)
+    self.policy, policy_metrics = policy_fn(self.policy, batch, targets["advantages"], self._ref)
+    out = {**out, **policy_metrics, **metrics_fn(batch, targets, jnp.int32(policy_version))}
+    return _to_host(out, self.uses_critic)
+
+  def critic_only_step(self, batch: Batch, microbatches: int = 1) -> dict:
+    """Value pre-training: K critic updates on rollouts of the current policy, no policy
+    update. Returns {} for a critic-free estimator."""
+    if not self.uses_critic:
+      return {}
+    targets_fn, critic_fn, _, metrics_fn = self._steps(microbatches)
+    targets = targets_fn(self.critic.params, batch)
+    out = {}
+    for _ in range(self.cfg.critic_updates_per_step):
+      self.critic, out = critic_fn(self.critic, batch, targets)
+    m = metrics_fn(batch, targets, jnp.int32(0))
+    out = {**out, **{k: m[k] for k in ("explained_variance", "value_min", "value_max")}}
+    return _to_host(out, True)
+
+  def train_step(self, local_trajectories: Sequence[Trajectory], policy_version: int) -> dict:
+    """``batch`` + ``step`` in one call."""
+    batch, micro = self.batch(local_trajectories)
+    return self.step(batch, policy_version, micro)
+
+  # ---- weights and checkpoints ---------------------------------------------------------------
+  def policy_params(self):
+    """A full copy of the policy params on this process's first device (for the rollout engine
+    and evaluation), gathered from every device's and process's shards."""
+    params = self.policy.params
+    if jax.process_count() > 1:
+      params = multihost_utils.process_allgather(params, tiled=True)
+    return jax.device_put(params, jax.local_devices()[0], may_alias=False)  # a copy: steps donate
+
+  def states(self) -> dict:
+    """{"policy": TrainState, "critic": TrainState or None} (what a checkpoint holds)."""
+    return {"policy": self.policy, "critic": self.critic}
+
+  def restore_target(self) -> dict:
+    """Abstract states with this mesh's shardings: an orbax restore target that lays a
+    checkpoint from any mesh out on this one."""
+    out = {"policy": sharding.abstract_like(self.policy, self.policy_sh.state)}
+    if self.uses_critic:
+      out["critic"] = sharding.abstract_like(self.critic, self.critic_sh.state)
+    return out
+
+  def load_states(self, states: dict) -> None:
+    """Adopts restored states (from ``restore_target``)."""
+    self.policy = states["policy"]
+    if self.uses_critic:
+      self.critic = states["critic"]
+
+  def compilations(self) -> dict[str, int]:
+    """Compiled executables per jitted step (1 each once warm: no recompiles)."""
+    names = ("targets", "critic", "policy", "metrics")
+    out: dict[str, int] = {}
+    for fns in self._jitted.values():
+      for n, f in zip(names, fns):
+        if f is not None:
+          out[n] = out.get(n, 0) + f._cache_size()  # pylint: disable=protected-access
+    return out
+
+
+def _to_host(metrics: dict, uses_critic: bool) -> dict:
+  out = {}
+  for k, v in metrics.items():
+    if k == "staleness_hist":
+      h = np.asarray(v).tolist()
+      while h and h[-1] == 0:
+        h.pop()
+      out[k] = h
+    else:
+      out[k] = float(v)
+  if not uses_critic:
+    for k in ("explained_variance", "value_min", "value_max"):
+      out.pop(k, None)
+  return out

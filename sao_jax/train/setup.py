@@ -1,0 +1,146 @@
+"""What the driver builds from the config: the policy (checkpoint, GGUF, or random + SFT warm
+start), the critic, the learner on its mesh, the engines, the trajectory source, and greedy
+evaluation. Each function reads the config fields it names and nothing else."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sao_jax import faults, pretrained
+from sao_jax.envs.guard import GuardedEnv
+from sao_jax.models.transformer import Critic, ModelConfig, Transformer
+from sao_jax.rollout.engine import SAOEngine
+from sao_jax.rollout.ledger import PromptLedger
+from sao_jax.rollout.source import ThreadSource
+from sao_jax.rollout.worker import env_workers_for, generate_trajectories
+from sao_jax.train import distributed, sharding
+from sao_jax.train import sft as sft_lib
+from sao_jax.train.checkpoint import load_policy_params
+from sao_jax.train.learner import Learner, LearnerConfig
+from sao_jax.train.progress import Progress
+
+
+@dataclasses.dataclass
+class Policy:
+  """The starting policy: model config, graphdef (static), params (pure dict) and its source."""
+  mcfg: ModelConfig
+  graphdef: Any
+  params: Any
+  source: str
+
+
+def build_policy(config, task, warm_start: bool = True) -> Policy:
+  """The policy from ``model.checkpoint_dir`` / ``model.gguf`` (Hugging Face folder, GGUF, or a
+  sao_jax run checkpoint), else a random init of ``config.model`` warm-started by SFT on the
+  task's demonstrations (``sft.*``; cached under ``sft.cache_dir``) when ``warm_start``."""
+  loaded = pretrained.load_model(config)  # HF checkpoint folder / GGUF, else None
+  if loaded:
+    mcfg, params = loaded
+    graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))[0]
+    return Policy(mcfg, graphdef, params, f"{pretrained.source(config)} checkpoint")
+  mcfg = pretrained.model_config(config, task.tokenizer.vocab_size)
+  graphdef, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(config.seed)))
+  params = nnx.to_pure_dict(params)
+  if config.model.checkpoint_dir:
+    return Policy(mcfg, graphdef, load_policy_params(config.model.checkpoint_dir, params),
+                  config.model.checkpoint_dir)
+  if not (task.sft_demos and config.sft.steps > 0 and warm_start):
+    return Policy(mcfg, graphdef, params, "random init")
+  t0 = time.time()
+  bar = Progress(config.sft.steps, desc="SFT warm-up", mode=config.log.get("progress", "auto"))
+  params, loss = sft_lib.cached_sft(
+      config.sft.get("cache_dir", ""),
+      sft_lib.cache_key(config.sft.to_dict(), config.task.to_dict(), str(mcfg), config.seed),
+      params, lambda: sft_lib.train_sft(
+          graphdef, params, task.sft_demos, pad_id=task.tokenizer.pad_id,
+          steps_=config.sft.steps, batch_size=config.sft.batch_size, lr=config.sft.lr,
+          seed=config.seed, log_every=max(1, config.sft.steps // 5),
+          log=lambda msg: print(msg, file=bar.stream, flush=True), on_step=lambda i: bar.update()))
+  bar.close()
+  print(f"sft warm-up: {config.sft.steps} steps, final loss {loss:.4f}"
+        f"{' (cached: ' + config.sft.cache_dir + ')' if np.isnan(loss) else ''}, "
+        f"{time.time() - t0:.1f}s", flush=True)
+  return Policy(mcfg, graphdef, params, "SFT warm start")
+
+
+def critic_from_policy(mcfg: ModelConfig, policy_params, seed: int):
+  """A critic whose backbone starts as a copy of the policy and whose value head is zero."""
+  graphdef, params = nnx.split(Critic(mcfg, rngs=nnx.Rngs(seed)))
+  params = nnx.to_pure_dict(params)
+  params["backbone"] = jax.tree.map(jnp.copy, policy_params)
+  return graphdef, params
+
+
+def make_mesh(config) -> Optional[jax.sharding.Mesh]:
+  """The mesh of ``mesh.shape`` ("fsdp=-1", "fsdp=2,tensor=2,expert=2", ...); None when empty
+  (the learner then uses one device)."""
+  shape = distributed.parse_mesh_shape((config.get("mesh") or {}).get("shape", "") or "")
+  return sharding.make_mesh(shape) if shape else None
+
+
+def make_learner(config, policy: Policy, pad_id: int) -> Learner:
+  """The learner for ``config.train`` on ``make_mesh(config)``, with a critic initialised from
+  the policy when the estimator needs one."""
+  cfg = LearnerConfig.from_config(config)
+  critic = (critic_from_policy(policy.mcfg, policy.params, config.seed + 1)
+            if cfg.spec.uses_critic else (None, None))
+  return Learner(cfg, policy.graphdef, policy.params, *critic, pad_id=pad_id,
+                 vocab_size=policy.mcfg.vocab_size, mesh=make_mesh(config))
+
+
+def make_engine(config, policy: Policy, tokenizer, *, slots: int, temperature: float,
+                seed: Optional[int] = None) -> SAOEngine:
+  """A JetStream-API ``SAOEngine`` over the policy's graphdef."""
+  return SAOEngine(policy.mcfg, policy.graphdef, tokenizer, max_concurrent_decodes=slots,
+                   max_prefill_length=config.rollout.max_prefill_length,
+                   temperature=temperature, seed=config.seed if seed is None else seed)
+
+
+def make_source(config, task, policy: Policy, params, version: int, ledger: PromptLedger,
+                spec, *, start_step: int = 0, run_dir: str = "") -> ThreadSource:
+  """The trajectory source of ``rollout.backend`` ("thread": a rollout worker thread in this
+  process) with the mode's groups / barrier (``spec``), the staleness policy and the ledger."""
+  backend = config.rollout.get("backend", "thread")
+  if backend != "thread":
+    raise ValueError(f"rollout.backend={backend!r} is not available in this build; use "
+                     "'thread'.")
+  engine = make_engine(config, policy, task.tokenizer, slots=config.rollout.slots,
+                       temperature=config.rollout.temperature)
+  seed = faults.step_seed(config.seed, start_step) if start_step else config.seed
+  engine.reseed(seed)
+  env_workers = env_workers_for(config)  # >0: env.step off the decode loop (slow tool calls)
+  env = GuardedEnv(task.env, timeout_s=config.rollout.get("env_timeout_s", 30.0),
+                   fault_rate=float(os.environ.get("SAO_FAULT_ENV_RATE", "0")), seed=config.seed,
+                   max_workers=max(4, env_workers))
+  return ThreadSource(
+      engine, env, ledger, params, version, stop_ids=task.stop_ids,
+      max_new_tokens=config.rollout.max_new_tokens, max_seq_len=config.model.max_seq_len,
+      temperature=config.rollout.temperature, batch_size=config.train.batch_size,
+      group_size=spec.group_size, synchronous=spec.synchronous,
+      queue_size=config.rollout.queue_size,
+      staleness_policy=config.rollout.get("staleness_policy", "none"),
+      max_staleness=config.rollout.get("max_staleness", -1),
+      kv_on_update=config.rollout.get("kv_on_update", "keep"), env_workers=env_workers,
+      seed=seed, lockstep=config.rollout.get("lockstep", False), run_dir=run_dir)
+
+
+def evaluate(engine, task, params, problems, config, version: int = 0) -> dict:
+  """Greedy pass@1 on ``problems`` through the engine; also tool-use rate and mean length."""
+  env = task.eval_env if getattr(task, "eval_env", None) is not None else task.env
+  trajs = generate_trajectories(engine, env, params, problems, stop_ids=task.stop_ids,
+                                max_new_tokens=config.rollout.max_new_tokens,
+                                max_seq_len=config.model.max_seq_len, temperature=0.0,
+                                version=version)
+  rewards = np.array([t.reward for t in trajs], np.float64)
+  return {"accuracy": float(rewards.mean()) if rewards.size else 0.0,
+          "tool_use": float(np.mean([t.info.get("tool_calls", 0) > 0 for t in trajs])),
+          "response_tokens": float(np.mean([t.num_action_tokens for t in trajs])),
+          "n": len(trajs), "trajectories": trajs}
