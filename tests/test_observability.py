@@ -14,7 +14,7 @@ import pytest
 
 from sao_jax import docs_gen, plot
 from sao_jax.train import metric_defs
-from sao_jax.train.metrics import MetricLogger, make_metric_writer
+from sao_jax.train.metrics import make_metric_writer
 from sao_jax.train.progress import Progress, format_status
 
 
@@ -161,8 +161,8 @@ def test_metric_logger_sends_numeric_metrics_to_wandb(tmp_path, monkeypatch):
   fake = types.ModuleType("wandb")
   fake.init = lambda **kw: calls.append(("init", kw["project"])) or _Run()
   monkeypatch.setitem(sys.modules, "wandb", fake)
-  log = MetricLogger(str(tmp_path), tensorboard=False, stream=io.StringIO(),
-                     wandb_project="sao-test")
+  log = make_metric_writer(str(tmp_path), tensorboard=False, stream=io.StringIO(),
+                           wandb_project="sao-test", process_index=0)
   log.log(1, {"reward_mean": 0.5, "staleness_hist": [3, 1]})
   log.close()
   assert calls == [("init", "sao-test"), ("log", {"step": 1, "reward_mean": 0.5}), ("finish",)]
@@ -173,7 +173,7 @@ def test_metric_logger_sends_numeric_metrics_to_wandb(tmp_path, monkeypatch):
 def test_metric_logger_says_how_to_get_wandb(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "wandb", None)  # import fails
   with pytest.raises(ImportError, match="pip install wandb"):
-    MetricLogger(str(tmp_path), tensorboard=False, wandb_project="x")
+    make_metric_writer(str(tmp_path), tensorboard=False, wandb_project="x", process_index=0)
 
 
 # ---- plot helpers --------------------------------------------------------------------------------
