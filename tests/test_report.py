@@ -30,7 +30,8 @@ def test_accuracy_drop_is_flagged_in_the_table_and_results_csv(tmp_path):
   assert s["accuracy_dropped"] is True and s["accuracy_change_pts"] == -25.0
   rows = _results(tmp_path)
   assert rows["accuracy_dropped"] == "True" and float(rows["accuracy_change_pts"]) == -25.0
-  assert plot._results(str(tmp_path))["accuracy_dropped"] == "True"  # pylint: disable=protected-access
+  # pylint: disable-next=protected-access
+  assert plot._results(str(tmp_path))["accuracy_dropped"] == "True"
 
 
 def test_improvement_is_not_flagged(tmp_path):

@@ -5,7 +5,7 @@ One entry point: ``make_metric_writer(run_dir, ...)`` returns a ``RunWriter`` wi
 ``.log(step, metrics, prefix="")`` and ``.close() -> metrics.csv path or None``. On process 0 it
 composes, with ``clu.metric_writers.MultiWriter``:
 
-* ``JsonlCsvWriter``  -- one JSON record per ``log`` call, every value (lists too); the CSV at close;
+* ``JsonlCsvWriter``  -- one JSON record per ``log`` call, every value (lists too), CSV at close;
 * ``TensorboardXWriter`` -- finite scalars as TensorBoard scalars (``log.tensorboard``);
 * ``ConsoleWriter``   -- ``[train  12] reward_mean 0.5  ...`` for the ``console_keys``;
 * ``WandbWriter``     -- numeric metrics to Weights & Biases (``log.wandb_project``).
@@ -232,7 +232,8 @@ class RunWriter:
   Each ``log`` is one record (the writer is flushed after it). ``close()`` closes every writer and
   returns the ``metrics.csv`` path (None when nothing was logged or on processes other than 0).
 
-  ``writer``: the composed ``clu.metric_writers`` writer; ``files``: its ``JsonlCsvWriter``, if any."""
+  ``writer``: the composed ``clu.metric_writers`` writer; ``files``: its ``JsonlCsvWriter``
+  (None on processes other than 0)."""
 
   def __init__(self, writer: interface.MetricWriter, files: Optional[JsonlCsvWriter] = None):
     self.writer = writer
@@ -288,7 +289,8 @@ def make_metric_writer(run_dir: str, *, console_keys: Sequence[str] = (), tensor
   return RunWriter(MultiWriter(writers), files)
 
 
-def MetricLogger(run_dir: str, console_keys: Sequence[str] = (), tensorboard: bool = True,  # pylint: disable=invalid-name
+# pylint: disable-next=invalid-name
+def MetricLogger(run_dir: str, console_keys: Sequence[str] = (), tensorboard: bool = True,
                  stream=None, wandb_project: Optional[str] = None,
                  wandb_config: Optional[dict] = None) -> RunWriter:
   """Former name, kept so ``train/distributed.py:main_process_logger`` works unchanged:
