@@ -1,8 +1,11 @@
-"""Metric vocabulary, progress display, optional W&B logging, plot helpers and the dashboard PNG,
-and the generated docs being current."""
+"""Metric vocabulary, progress display, metric writing (JSONL/CSV/TensorBoard/console through CLU,
+optional W&B), plot helpers and the dashboard PNG, and the generated docs being current."""
 
+import glob
 import io
 import json
+import os
+import struct
 import sys
 import types
 
@@ -11,7 +14,7 @@ import pytest
 
 from sao_jax import docs_gen, plot
 from sao_jax.train import metric_defs
-from sao_jax.train.metrics import MetricLogger
+from sao_jax.train.metrics import make_metric_writer
 from sao_jax.train.progress import Progress, format_status
 
 
@@ -66,6 +69,84 @@ def test_progress_bar_mode_keeps_other_lines_intact():
     Progress(2, mode="fancy")
 
 
+# ---- metric writer (clu.metric_writers) ---------------------------------------------------------
+def _tb_scalars(logdir):
+  """``{(tag, step): value}`` of every scalar in the tensorboardX event files under ``logdir``
+  (TFRecord framing: u64 length, u32 crc, Event proto, u32 crc)."""
+  from tensorboardX.proto.event_pb2 import Event  # pylint: disable=import-outside-toplevel
+  out = {}
+  for path in glob.glob(os.path.join(logdir, "events.out.tfevents.*")):
+    data = open(path, "rb").read()
+    i = 0
+    while i < len(data):
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      ev = Event.FromString(data[i + 12:i + 12 + n])
+      i += 12 + n + 4
+      for v in ev.summary.value:
+        out[(v.tag, ev.step)] = v.simple_value
+  return out
+
+
+def _log_three_records(w):
+  w.log(0, {"value_loss": 1.5}, prefix="critic_warmup/")
+  w.log(1, {"reward_mean": np.float32(0.5), "staleness_hist": [3, 1], "rollouts": 3,
+            "x": float("nan"), "value_loss": 0.25})
+  w.log(1, {"eval_accuracy": 0.25}, prefix="final/")
+  return w.close()
+
+
+def test_metric_writer_files_match_the_former_logger(tmp_path):
+  out = io.StringIO()
+  w = make_metric_writer(str(tmp_path), console_keys=("reward_mean", "value_loss"), stream=out,
+                         process_index=0)
+  csv_path = _log_three_records(w)
+  # the records (and metrics.csv text) the hand-written MetricLogger of a136f52 wrote for these
+  # calls (JSONL key order aside: lists now come after the numbers in a record)
+  recs = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert np.isnan(recs[1].pop("x"))
+  assert recs == [{"step": 0, "critic_warmup/value_loss": 1.5},
+                  {"step": 1, "reward_mean": 0.5, "staleness_hist": [3, 1], "rollouts": 3.0,
+                   "value_loss": 0.25},
+                  {"step": 1, "final/eval_accuracy": 0.25}]
+  assert csv_path == str(tmp_path / "metrics.csv")
+  assert (tmp_path / "metrics.csv").read_text().splitlines() == [
+      "step,critic_warmup/value_loss,final/eval_accuracy,reward_mean,rollouts,staleness_hist,"
+      "value_loss,x",
+      "0,1.5,,,,,,", '1,,,0.5,3.0,"[3, 1]",0.25,nan', "1,,0.25,,,,,"]
+  assert out.getvalue() == "[train    1] reward_mean 0.5  value_loss 0.25\n"
+  # TensorBoard: finite scalars only (NaN "x" and the list are not scalars there)
+  assert _tb_scalars(str(tmp_path / "tb")) == {
+      ("critic_warmup/value_loss", 0): 1.5, ("reward_mean", 1): 0.5, ("rollouts", 1): 3.0,
+      ("value_loss", 1): 0.25, ("final/eval_accuracy", 1): 0.25}
+  # a second writer on the same folder appends (resume.truncate_jsonl trims on resume)
+  w2 = make_metric_writer(str(tmp_path), tensorboard=False, process_index=0)
+  w2.log(2, {"reward_mean": 1.0})
+  assert w2.close() == csv_path
+  assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 4
+  assert (tmp_path / "metrics.csv").read_text().splitlines() == ["step,reward_mean", "2,1.0"]
+
+
+def test_metric_writer_labels_prefixed_console_keys_and_nothing_logged_gives_no_csv(tmp_path):
+  out = io.StringIO()
+  w = make_metric_writer(str(tmp_path), console_keys=("critic_warmup/value_loss",), stream=out,
+                         tensorboard=False, process_index=0)
+  w.log(3, {"value_loss": 0.123456}, prefix="critic_warmup/")
+  w.log(4, {"reward_mean": 1.0})
+  w.close()
+  assert out.getvalue() == "[critic_warmup/    3] critic_warmup/value_loss 0.1235\n"
+  assert make_metric_writer(str(tmp_path / "empty"), process_index=0).close() is None
+
+
+def test_metric_writer_on_other_processes_writes_no_files(tmp_path):
+  out = io.StringIO()
+  run_dir = tmp_path / "run"
+  w = make_metric_writer(str(run_dir), console_keys=("reward_mean",), stream=out,
+                         wandb_project="never-initialised", process_index=1)
+  w.log(1, {"reward_mean": 0.5, "staleness_hist": [3, 1]})
+  assert w.close() is None
+  assert not run_dir.exists() and out.getvalue() == ""
+
+
 # ---- W&B -----------------------------------------------------------------------------------------
 def test_metric_logger_sends_numeric_metrics_to_wandb(tmp_path, monkeypatch):
   calls = []
@@ -80,8 +161,8 @@ def test_metric_logger_sends_numeric_metrics_to_wandb(tmp_path, monkeypatch):
   fake = types.ModuleType("wandb")
   fake.init = lambda **kw: calls.append(("init", kw["project"])) or _Run()
   monkeypatch.setitem(sys.modules, "wandb", fake)
-  log = MetricLogger(str(tmp_path), tensorboard=False, stream=io.StringIO(),
-                     wandb_project="sao-test")
+  log = make_metric_writer(str(tmp_path), tensorboard=False, stream=io.StringIO(),
+                           wandb_project="sao-test", process_index=0)
   log.log(1, {"reward_mean": 0.5, "staleness_hist": [3, 1]})
   log.close()
   assert calls == [("init", "sao-test"), ("log", {"step": 1, "reward_mean": 0.5}), ("finish",)]
@@ -92,7 +173,7 @@ def test_metric_logger_sends_numeric_metrics_to_wandb(tmp_path, monkeypatch):
 def test_metric_logger_says_how_to_get_wandb(tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "wandb", None)  # import fails
   with pytest.raises(ImportError, match="pip install wandb"):
-    MetricLogger(str(tmp_path), tensorboard=False, wandb_project="x")
+    make_metric_writer(str(tmp_path), tensorboard=False, wandb_project="x", process_index=0)
 
 
 # ---- plot helpers --------------------------------------------------------------------------------

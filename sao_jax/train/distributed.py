@@ -4,7 +4,7 @@ feeds, micro-batch planning, and the mesh-shape config string.
 Multi-controller model (JAX's own runtime): every process runs the same learner
 (``sao_jax.train.learner``) on the same config; each feeds only its own rows of the global
 batch; scalar metrics come back replicated on every process; only process 0 writes logs
-(``main_process_logger``); orbax checkpoints are written and read by all processes together.
+(``train.metrics.make_metric_writer``); orbax checkpoints are written and read by all processes together.
 """
 
 from __future__ import annotations
@@ -53,24 +53,6 @@ def initialize(dist_cfg: Optional[Mapping[str, Any]] = None) -> bool:
 def is_main_process() -> bool:
   """True on process 0 (the one that writes logs and summaries)."""
   return jax.process_index() == 0
-
-
-class NullLogger:
-  """Stands in for ``MetricLogger`` on processes other than 0: accepts and drops everything."""
-
-  def log(self, *args, **kwargs) -> None:
-    del args, kwargs
-
-  def close(self) -> None:
-    return None
-
-
-def main_process_logger(run_dir: str, **kwargs):
-  """``MetricLogger(run_dir, **kwargs)`` on process 0, a ``NullLogger`` elsewhere."""
-  if not is_main_process():
-    return NullLogger()
-  from sao_jax.train.metrics import MetricLogger  # pylint: disable=import-outside-toplevel
-  return MetricLogger(run_dir, **kwargs)
 
 
 def microbatch_plan(batch_size: int, row_len: int, tokens_per_device: int,

@@ -9,7 +9,6 @@ back to the rollout side as ``policy_version`` + 1. What is built from the confi
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -22,6 +21,7 @@ from sao_jax.rollout.ledger import PromptLedger
 from sao_jax.train import distributed, report, setup
 from sao_jax.train import resume as resume_lib
 from sao_jax.train.checkpoint import Checkpointer
+from sao_jax.train.metrics import make_metric_writer
 from sao_jax.train.progress import Progress
 
 CONSOLE_KEYS = ("reward_mean", "eval_accuracy", "masked_fraction", "ratio_max", "value_loss",
@@ -81,7 +81,7 @@ def run(config) -> dict[str, Any]:
                              learner.spec, start_step=start_step, run_dir=run_dir)
   local_batch = tcfg.batch_size // jax.process_count()
   progress = Progress(tcfg.num_steps, desc="SAO steps", mode=config.log.get("progress", "auto"))
-  logger = distributed.main_process_logger(
+  logger = make_metric_writer(
       run_dir, console_keys=CONSOLE_KEYS, tensorboard=config.log.tensorboard,
       stream=progress.stream, wandb_project=config.log.get("wandb_project", "") or None,
       wandb_config=config.to_dict())
@@ -144,6 +144,5 @@ def run(config) -> dict[str, Any]:
       "wall_s": time.time() - t_job, "metrics_csv": logger.close(),
   }
   if distributed.is_main_process():
-    report.write_summary(os.path.join(run_dir, "results.csv"), summary)
-    report.print_table(summary)
+    summary = report.finish(run_dir, summary)
   return summary
