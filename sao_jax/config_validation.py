@@ -150,11 +150,9 @@ def _resolved(flat: dict) -> tuple[str, str, str]:
 
 
 def _critic_free() -> tuple[str, ...]:
-  try:
-    from sao_jax.train import modes  # pylint: disable=import-outside-toplevel  # (see enum_choices)
-    return tuple(modes.CRITIC_FREE_ESTIMATORS)
-  except (ImportError, AttributeError):
-    return ("grpo", "grpo_no_std", "running_mean_prompt", "running_mean_global")
+  """Estimators that use no critic (``train/modes.py``; empty, so the rule is off, if gone)."""
+  from sao_jax.train import modes  # pylint: disable=import-outside-toplevel  # see enum_choices
+  return tuple(getattr(modes, "CRITIC_FREE_ESTIMATORS", ()))
 
 
 def _regexes_ok(patterns) -> bool:
