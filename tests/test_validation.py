@@ -350,7 +350,7 @@ def _main(*args):
 
 def test_cli_refuses_every_bad_field_at_once_before_training(tmp_path):
   """The real CLI: several bad enum / range values in one run; all named, nothing trained.
-  (Measured here: the refusal takes 1.2-3.2 s on :smoke under load, before the trainer's imports.)"""
+  (Measured here: the refusal takes 1.2-3.2 s on :smoke, before the trainer's imports.)"""
   run_dir = tmp_path / "run"
   bad = {"train.mode": "ppo", "rollout.kv_on_update": "sometimes", "train.aggregation": "avg",
          "train.objective": "ppo_clp", "rollout.staleness_policy": "sometimes",
