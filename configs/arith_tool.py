@@ -59,7 +59,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.max_prefill_length = 64  # longest prompt / observation chunk
   c.rollout.queue_size = 64       # bounded trajectory queue (backpressure)
   c.rollout.kv_on_update = "keep" # weight update mid-rollout: "keep" stale KV or "recompute"
-  c.rollout.staleness_policy = "none"  # "none" | "admission" | "drop" | "admission+drop"
+  c.rollout.staleness_policy = "none"  # "none", "admission", "drop" or "admission+drop"
   c.rollout.max_staleness = 4     # eta: bound on policy_version lag under a staleness policy
   c.rollout.serve_slots = 8       # decode slots of a host's JetStream (Decode API) engine
   c.rollout.env_timeout_s = 30.0  # env.step wall-clock limit; over it the trajectory is failed
@@ -67,14 +67,17 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                                   # N > 0: a slow tool call stalls only its own slot while the
                                   # others decode; 0 = inline env.step (blocks every slot)
   c.rollout.lockstep = False      # True: deterministic synchronous rollout (bit-exact resume)
+  c.rollout.backend = "thread"    # TrajectorySource: "thread" (in this process) or "ray" (actors)
+  c.rollout.num_workers = 1       # rollout workers (engines); > 1 needs backend "ray"
+  c.rollout.ray_address = ""      # backend "ray": cluster address ("" = start a local Ray)
 
   c.train = ml_collections.ConfigDict()
-  c.train.mode = "sao"            # sao | vapo | grpo_async | grpo_sync (sao_jax/train/modes.py)
-  c.train.objective = "auto"      # auto (mode default: sao->dis, others->ppo_clip) | dis |
-                                  # ppo_clip | tis | icepop | reinforce (sao_jax/algo/objectives.py)
-  c.train.advantage_estimator = "auto"  # auto (sao/vapo->skip_obs_gae, grpo->grpo) | skip_obs_gae |
-                                  # naive_gae | step_gae_mean | step_gae_last | grpo | grpo_no_std |
-                                  # running_mean_prompt | running_mean_global
+  c.train.mode = "sao"            # sao, vapo, grpo_async or grpo_sync (sao_jax/train/modes.py)
+  c.train.objective = "auto"      # auto (mode default: sao->dis, others->ppo_clip), dis,
+                                  # ppo_clip, tis, icepop, reinforce (sao_jax/algo/objectives.py)
+  c.train.advantage_estimator = "auto"  # auto (sao/vapo->skip_obs_gae, grpo->grpo), skip_obs_gae,
+                                  # naive_gae, step_gae_mean, step_gae_last, grpo, grpo_no_std,
+                                  # running_mean_prompt, running_mean_global
   c.train.group_size = 8          # G rollouts per prompt in the grpo modes (batch_size % G == 0)
   c.train.num_steps = 100         # policy steps (policy_version increases by one per step)
   c.train.batch_size = 32         # trajectories per policy step (paper: 128), one per prompt
@@ -92,6 +95,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.gamma = 1.0             # discount
   c.train.lam_policy = "adaptive" # "adaptive" = 1 - 1/(lam_alpha * l), or a float
   c.train.lam_alpha = 1.5         # alpha of the length-adaptive lambda
+  c.train.lam_critic = 1.0        # GAE lambda of the critic's returns (paper: 1.0, Monte Carlo)
+  c.train.value_clip_eps = 0.0    # PPO-style value clipping half-width (0 = off; algo/value_loss)
   c.train.max_grad_norm = 1.0     # global-norm gradient clipping
   c.train.ppo_eps_low = 0.2       # PPO-family clip band 1-ppo_eps_low .. 1+ppo_eps_high (clip-higher)
   c.train.ppo_eps_high = 0.28      # upper PPO clip (DAPO clip-higher: 0.28 > ppo_eps_low)
@@ -99,7 +104,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.tis_cap = 2.0           # objective=tis: weight min(pi_old / pi_rollout, tis_cap)
   c.train.icepop_low = 0.5        # objective=icepop: keep tokens with icepop_low <= pi_old/pi_rollout
   c.train.icepop_high = 5.0       #   <= icepop_high
-  c.train.aggregation = "token_mean"  # token_mean | seq_mean | sum_norm (loss over action tokens)
+  c.train.aggregation = "token_mean"  # token_mean, seq_mean or sum_norm (loss over action tokens)
   c.train.loss_norm_constant = 0  # sum_norm divisor (e.g. max response tokens); 0 = unset
   c.train.kl_coef = 0.0           # k3 KL(pi || pi_ref) penalty, ref = the warm-started policy
   c.train.entropy_coef = 0.0      # entropy bonus coefficient

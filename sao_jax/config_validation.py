@@ -1,19 +1,33 @@
 """Config validation before anything is built or compiled: one error that lists every problem.
 
-``validate_config(config)`` checks
+``validate_config(config)`` checks, in one pass over every field,
   * unknown keys (typos) against the reference schema: the default ``configs/arith_tool.py``
     config plus ``EXTRA_KEYS`` (fields only some configs have),
   * types against the reference (an int is accepted for a float field),
-  * impossible values (``eps_low >= 1``, ``K < 1``, a batch that does not split over the devices,
-    a mesh larger than the machine, ...).
+  * enum fields against their allowed values (``enum_choices``: ``train.mode``,
+    ``train.objective``, ``train.advantage_estimator``, ``train.aggregation``,
+    ``rollout.kv_on_update``, ``rollout.staleness_policy``, ``rollout.backend``, ``model.dtype``,
+    ``model.param_dtype``, ``task.name``, ``log.progress``, ``distributed.cpu_collectives``),
+  * numeric ranges (``eps_low in [0, 1)``, ``K >= 1``, ``lam_critic in [0, 1]``, ...),
+  * cross-field rules (a grpo mode needs ``group_size >= 2`` dividing ``batch_size``, a grpo
+    estimator needs a grpo mode, ``aggregation='sum_norm'`` needs ``loss_norm_constant > 0``,
+    a staleness policy needs ``max_staleness >= 0``, a batch that splits over the devices, a mesh
+    no larger than the machine, ...).
 Each problem is reported as ``config.<field> = <value>: <what is wrong>; fix: <how>``.
+
+The consumers (``train/modes.py:resolve``, ``rollout/staleness.py:check_policy``,
+``SAOConfig.__post_init__``, the objectives, ...) keep their own checks; this pass runs first, in
+``sao_jax/main.py`` right after the flags are parsed, so that a bad value costs seconds, not a
+supervised warm-up.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import math
 import os
+import re
 from typing import Any, Callable, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,10 +40,57 @@ EXTRA_KEYS: dict[str, tuple] = {
     "rollout.lockstep": (bool,),
     "checkpoint.max_to_keep": (int,),
     "checkpoint.resume": (bool,),
-    "mesh": (dict,),
 }
 _DTYPES = ("float32", "bfloat16", "float16")
-_TASKS = ("arith_tool", "math", "style_switch")
+_TASKS = ("arith_tool", "math", "style_switch")  # sao_jax/tasks.py:make_task
+_KV_ON_UPDATE = ("keep", "recompute")  # rollout/worker.py:RolloutWorker
+_BACKENDS = ("thread", "ray")  # rollout.backend: TrajectorySource implementations
+_CPU_COLLECTIVES = ("gloo", "mpi", "")  # jax_cpu_collectives_implementation; "" = JAX's default
+_PPO_FAMILY = ("ppo_clip", "tis", "icepop")  # objectives that read ppo_eps_* and dual_clip
+
+
+def estimator_names() -> tuple[str, ...]:
+  """Names of the advantage estimators (``train.advantage_estimator`` without "auto").
+
+  The keys of ``sao_jax.algo.ESTIMATORS`` when that registry exists, else the older
+  ``train/modes.py`` tuples ``CRITIC_ESTIMATORS + CRITIC_FREE_ESTIMATORS``."""
+  # imported on use: the registries pull in jax, and the schema checks do not need them
+  from sao_jax import algo  # pylint: disable=import-outside-toplevel
+  registry = getattr(algo, "ESTIMATORS", None)
+  if registry is not None:
+    return tuple(registry)
+  from sao_jax.train import modes  # pylint: disable=import-outside-toplevel
+  return tuple(modes.CRITIC_ESTIMATORS) + tuple(modes.CRITIC_FREE_ESTIMATORS)
+
+
+def enum_choices() -> dict[str, tuple]:
+  """Enum field -> its allowed values, read from the modules that consume the field."""
+  # imported on use (same reason as estimator_names)
+  from sao_jax import algo  # pylint: disable=import-outside-toplevel
+  from sao_jax.algo.objectives import AGGREGATIONS  # pylint: disable=import-outside-toplevel
+  from sao_jax.rollout.staleness import POLICIES  # pylint: disable=import-outside-toplevel
+  from sao_jax.train.modes import MODES  # pylint: disable=import-outside-toplevel
+  from sao_jax.train.progress import MODES as PROGRESS  # pylint: disable=import-outside-toplevel
+  return {
+      "train.mode": tuple(MODES),
+      "train.objective": ("auto",) + tuple(algo.OBJECTIVES),
+      "train.advantage_estimator": ("auto",) + estimator_names(),
+      "train.aggregation": tuple(AGGREGATIONS),
+      "rollout.kv_on_update": _KV_ON_UPDATE,
+      "rollout.staleness_policy": tuple(POLICIES),
+      "rollout.backend": _BACKENDS,
+      "model.dtype": _DTYPES,
+      "model.param_dtype": _DTYPES,
+      "task.name": _TASKS,
+      "log.progress": tuple(PROGRESS),
+      "distributed.cpu_collectives": _CPU_COLLECTIVES,
+  }
+
+
+def _enum_problem(field: str, value, choices: tuple) -> str:
+  close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.6)
+  fix = f"use {close[0]!r}" if close else f"use {choices[0]!r}"
+  return f"config.{field} = {value!r}: must be one of {choices}; fix: {fix}"
 
 
 class ConfigError(ValueError):
@@ -72,42 +133,122 @@ def reference_schema() -> dict[str, tuple]:
   return schema
 
 
-def _rules(flat: dict, num_devices: int) -> list[tuple[str, Callable[[Any], bool], str, str]]:
-  """(field, ok(value), what must hold, fix) for every value rule."""
+Rule = tuple  # (field, ok(value) -> bool, what must hold, fix, other fields ok() reads)
+
+
+def _resolved(flat: dict) -> tuple[str, str, str]:
+  """(mode, objective, estimator) after "auto" (``train/modes.py`` defaults)."""
+  mode = flat.get("train.mode", "sao")
+  grouped = str(mode).startswith("grpo")
+  objective = flat.get("train.objective", "auto")
+  if objective == "auto":
+    objective = "dis" if mode == "sao" else "ppo_clip"
+  estimator = flat.get("train.advantage_estimator", "auto")
+  if estimator == "auto":
+    estimator = "grpo" if grouped else "skip_obs_gae"
+  return mode, objective, estimator
+
+
+def _critic_free() -> tuple[str, ...]:
+  """Estimators that use no critic (``train/modes.py``; empty, so the rule is off, if gone)."""
+  from sao_jax.train import modes  # pylint: disable=import-outside-toplevel  # see enum_choices
+  return tuple(getattr(modes, "CRITIC_FREE_ESTIMATORS", ()))
+
+
+def _regexes_ok(patterns) -> bool:
+  for p in patterns:
+    re.compile(p)  # re.error is caught by the caller
+  return True
+
+
+def _lam_policy_ok(v) -> bool:
+  """'adaptive', or a number in [0, 1]; the field's default is a string, so ml_collections keeps
+  ``--config.train.lam_policy=0.95`` as the string '0.95' (``steps.make_advantage_fn`` reads it
+  with ``jnp.float32``)."""
+  if v == "adaptive":
+    return True
+  try:
+    lam = float(v)
+  except ValueError:
+    return False
+  return 0.0 <= lam <= 1.0
+
+
+def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
+  """(field, ok(value), what must hold, fix, reads) for every value and cross-field rule.
+
+  ``reads`` names the other fields ``ok`` looks at: the rule is skipped when one of them has a
+  wrong type (that problem is reported on its own). ``num_devices`` None skips the rules that
+  need the device count."""
   pos = lambda v: v > 0
   nonneg = lambda v: v >= 0
   unit = lambda v: 0.0 <= v <= 1.0
+  half_open = lambda v: 0.0 <= v < 1.0
+  mode, objective, estimator = _resolved(flat)
+  grouped = str(mode).startswith("grpo")
   r = [
-      ("train.eps_low", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (the DIS band's lower edge "
+      ("seed", nonneg, "must be >= 0 (NumPy seeds are non-negative)", "use 0"),
+      ("train.eps_low", half_open, "must be in [0, 1) (the DIS band's lower edge "
        "is 1 - eps_low > 0)", "use e.g. 0.3 (the paper's value)"),
       ("train.eps_high", pos, "must be > 0", "use e.g. 5.0 (the paper's value)"),
+      ("train.ppo_eps_low", half_open, "must be in [0, 1) (the PPO clip's lower edge is "
+       "1 - ppo_eps_low > 0)", "use 0.2"),
+      ("train.ppo_eps_high", pos, "must be > 0", "use 0.28 (DAPO clip-higher)"),
+      ("train.dual_clip", lambda v: v == 0 or v > 1, "must be 0 (off) or > 1 (the dual-clip "
+       "constant c bounds -c * A for A < 0)", "use 0 or e.g. 3.0"),
+      ("train.tis_cap", pos, "must be > 0 (the truncated importance weight's cap)", "use 2.0"),
+      ("train.icepop_low", half_open, "must be in [0, 1) (IcePop keeps icepop_low <= "
+       "pi_old / pi_rollout <= icepop_high around 1)", "use 0.5"),
+      ("train.icepop_high", lambda v: v > 1 and v > flat.get("train.icepop_low", 0.0),
+       "must be > 1 and > train.icepop_low", "use 5.0", ("train.icepop_low",)),
+      ("train.entropy_coef", nonneg, "must be >= 0 (a bonus; a negative value penalises "
+       "entropy)", "use 0.0 (off) or e.g. 1e-3"),
+      ("train.kl_coef", nonneg, "must be >= 0", "use 0.0 (off) or e.g. 1e-3"),
+      ("train.loss_norm_constant", nonneg, "must be >= 0 (0 = unset)",
+       "use 0, or e.g. the maximum response length with aggregation='sum_norm'"),
+      ("train.aggregation",
+       lambda v: v != "sum_norm" or flat.get("train.loss_norm_constant", 0) > 0,
+       "needs train.loss_norm_constant > 0 (the Dr. GRPO divisor)",
+       "set --config.train.loss_norm_constant=<max response tokens, e.g. 48> or use "
+       "aggregation='token_mean'", ("train.loss_norm_constant",)),
       ("train.critic_updates_per_step", lambda v: v >= 1, "K must be >= 1",
        "use 2 (the paper's K)"),
       ("train.batch_size", lambda v: v >= 1, "must be >= 1", "use e.g. 32"),
-      ("train.batch_size", lambda v: v % num_devices == 0,
-       f"must be divisible by the number of devices ({num_devices})",
-       f"use a multiple of {num_devices}"),
-      ("train.num_steps", nonneg, "must be >= 0", "use e.g. 100"),
+      ("train.group_size", lambda v: v >= 1, "must be >= 1", "use 8 (grpo modes) or 1"),
+      ("train.num_steps", lambda v: v >= 1, "must be >= 1 (policy steps)", "use e.g. 100"),
       ("train.policy_lr", pos, "must be > 0", "use e.g. 1e-6"),
       ("train.critic_lr", pos, "must be > 0", "use e.g. 5e-6"),
       ("train.critic_lr_warmup_steps", nonneg, "must be >= 0", "use 10"),
       ("train.critic_warmup_steps", nonneg, "must be >= 0", "use 0"),
       ("train.gamma", unit, "must be in [0, 1]", "use 1.0"),
       ("train.lam_alpha", pos, "must be > 0", "use 1.5"),
+      ("train.lam_critic", unit, "must be in [0, 1] (GAE lambda of the critic's returns)",
+       "use 1.0 (the paper's value)"),
+      ("train.value_clip_eps", nonneg, "must be >= 0 (0 = no value clipping)",
+       "use 0.0 (off) or e.g. 0.2"),
       ("train.max_grad_norm", pos, "must be > 0", "use 1.0"),
-      ("train.lam_policy", lambda v: v == "adaptive" if isinstance(v, str) else 0.0 <= v <= 1.0,
-       "must be 'adaptive' or a number in [0, 1]", "use 'adaptive'"),
+      ("train.lam_policy", _lam_policy_ok, "must be 'adaptive' or a number in [0, 1] (the CLI "
+       "gives a number as a string, e.g. '0.95', which is fine)", "use 'adaptive'"),
+      ("train.baseline_window", lambda v: v >= 1, "must be >= 1 (rewards per prompt)", "use 8"),
+      ("train.global_baseline_window", lambda v: v >= 1, "must be >= 1 (rewards)", "use 128"),
       ("train.max_consecutive_nonfinite", lambda v: v >= 1, "must be >= 1", "use 3"),
-      ("model.dtype", lambda v: v in _DTYPES, f"must be one of {_DTYPES}", "use 'float32'"),
+      ("train.critic_frozen_patterns", _regexes_ok, "must be a tuple of valid regular "
+       "expressions (re.compile failed)", "fix the pattern, e.g. r'/attn/'"),
       ("model.n_kv_heads", lambda v: v >= 1 and flat.get("model.n_heads", v) % v == 0,
-       "must be >= 1 and divide model.n_heads", "use a divisor of model.n_heads"),
+       "must be >= 1 and divide model.n_heads", "use a divisor of model.n_heads",
+       ("model.n_heads",)),
+      ("model.head_dim", lambda v: v % 2 == 0, "must be even (RoPE rotates pairs)",
+       "use e.g. 32"),
+      ("model.rope_theta", pos, "must be > 0 (the RoPE base)", "use 10000.0"),
       ("rollout.temperature", pos, "must be > 0 (log-probs are recorded at this temperature)",
        "use 1.0"),
       ("rollout.max_prefill_length", lambda v: v <= flat.get("model.max_seq_len", v),
-       "must be <= model.max_seq_len", "lower it or raise model.max_seq_len"),
+       "must be <= model.max_seq_len", "lower it or raise model.max_seq_len",
+       ("model.max_seq_len",)),
       ("rollout.env_timeout_s", pos, "must be > 0", "use e.g. 30"),
       ("rollout.env_workers", lambda v: v >= -1,
        "must be >= -1 (-1 = auto, 0 = inline env.step, N = N env threads)", "use -1"),
+      ("rollout.num_workers", lambda v: v >= 1, "must be >= 1 (rollout workers)", "use 1"),
       ("task.tool_latency_median_s", nonneg, "must be >= 0 seconds (0 = no tool latency)",
        "use 0 (off) or e.g. 0.2"),
       ("task.tool_latency_sigma", nonneg, "must be >= 0 (log-std of the lognormal latency)",
@@ -115,25 +256,83 @@ def _rules(flat: dict, num_devices: int) -> list[tuple[str, Callable[[Any], bool
       ("task.tool_latency_median_s",
        lambda v: v == 0 or flat.get("task.name", "arith_tool") == "arith_tool",
        "is only implemented for task.name='arith_tool' (the calculator tool)",
-       "set it to 0 or use task.name='arith_tool'"),
+       "set it to 0 or use task.name='arith_tool'", ("task.name",)),
       ("task.tool_latency_median_s",
        lambda v: v * math.exp(4.0 * flat.get("task.tool_latency_sigma", 1.0))
        < flat.get("rollout.env_timeout_s", 30.0),
        "its tail (median * e^(4 sigma), the 99.997th percentile) must stay below "
        "rollout.env_timeout_s, or slow tool calls fail as timeouts",
-       "raise rollout.env_timeout_s or lower task.tool_latency_median_s / tool_latency_sigma"),
-      ("task.name", lambda v: v in _TASKS, f"must be one of {_TASKS}", "use 'arith_tool'"),
+       "raise rollout.env_timeout_s or lower task.tool_latency_median_s / tool_latency_sigma",
+       ("task.tool_latency_sigma", "rollout.env_timeout_s")),
+      ("task.train_file", lambda v: bool(v) or flat.get("task.name") != "math",
+       "task.name='math' reads its prompts from this JSONL file",
+       "set it to a packaged name (e.g. 'aime25.jsonl') or a path", ("task.name",)),
       ("task.max_turns", lambda v: v >= 1, "must be >= 1", "use 3"),
+      ("task.switch_every", lambda v: v >= 1, "must be >= 1 (policy steps per phase)", "use 20"),
+      ("sft.steps", nonneg, "must be >= 0 (0 = no warm-up)", "use e.g. 1000"),
+      ("sft.lr", pos, "must be > 0", "use 3e-3"),
+      ("sft.num_demos", nonneg, "must be >= 0", "use e.g. 4000"),
       ("sft.p_tool", unit, "must be in [0, 1]", "use 0.3"),
       ("sft.p_guess_correct", unit, "must be in [0, 1]", "use 0.1"),
       ("checkpoint.every_steps", nonneg, "must be >= 0 (0 = only at the end)", "use 50"),
       ("checkpoint.max_to_keep", lambda v: v >= 1, "must be >= 1", "use 2"),
       ("eval.every_steps", nonneg, "must be >= 0", "use 20"),
+      ("mesh.tokens_per_device", nonneg, "must be >= 0 (0 = no micro-batch accumulation)",
+       "use 0"),
+      ("distributed.num_processes", lambda v: v == -1 or v >= 1,
+       "must be -1 (from the environment) or >= 1", "use -1"),
+      ("distributed.process_id", lambda v: v == -1 or 0 <= v < max(
+          flat.get("distributed.num_processes", -1), 0) or
+       (v >= 0 and flat.get("distributed.num_processes", -1) == -1),
+       "must be -1 (from the environment) or in [0, distributed.num_processes)", "use -1",
+       ("distributed.num_processes",)),
+      # cross-field rules of the training mode (train/modes.py:resolve)
+      ("train.group_size", lambda v: not grouped or v >= 2,
+       f"must be >= 2 in train.mode={mode!r} (G rollouts per prompt)", "use e.g. 8",
+       ("train.mode",)),
+      ("train.batch_size", lambda v: not grouped or flat.get("train.group_size", 1) < 1
+       or v % flat.get("train.group_size", 1) == 0,
+       f"must be a multiple of train.group_size ({flat.get('train.group_size')}) in "
+       f"train.mode={mode!r} (whole groups per step)",
+       "use a multiple of train.group_size", ("train.mode", "train.group_size")),
+      ("train.advantage_estimator", lambda v: grouped or not str(estimator).startswith("grpo"),
+       f"the grpo estimators normalise over groups, which train.mode={mode!r} does not make",
+       "use train.mode='grpo_async' or 'grpo_sync', or a critic / running-mean estimator",
+       ("train.mode",)),
+      ("train.dual_clip", lambda v: v == 0 or objective in _PPO_FAMILY,
+       f"is read only by the PPO-family objectives {_PPO_FAMILY}; train.objective resolves "
+       f"to {objective!r} here", "set train.dual_clip=0 or train.objective='ppo_clip'",
+       ("train.mode", "train.objective")),
+      ("train.critic_warmup_steps", lambda v: v == 0 or estimator not in _critic_free(),
+       f"critic-only warm-up steps need a critic, and advantage estimator {estimator!r} uses "
+       "none", "set train.critic_warmup_steps=0 or use a GAE estimator",
+       ("train.mode", "train.advantage_estimator")),
+      ("rollout.lockstep", lambda v: not v or not grouped,
+       f"lockstep rollout makes one rollout per prompt; train.mode={mode!r} makes groups",
+       "set rollout.lockstep=False or use train.mode='sao' / 'vapo'", ("train.mode",)),
+      ("rollout.staleness_policy",
+       lambda v: v == "none" or flat.get("rollout.max_staleness", -1) >= 0,
+       f"needs rollout.max_staleness >= 0 (got {flat.get('rollout.max_staleness')!r})",
+       "set --config.rollout.max_staleness=<eta, e.g. 4> or staleness_policy='none'",
+       ("rollout.max_staleness",)),
+      ("rollout.num_workers", lambda v: v == 1 or flat.get("rollout.backend", "thread") == "ray",
+       "more than one rollout worker needs rollout.backend='ray' (the thread backend runs one)",
+       "set rollout.num_workers=1 or rollout.backend='ray'", ("rollout.backend",)),
+      ("rollout.ray_address", lambda v: not v or flat.get("rollout.backend", "thread") == "ray",
+       "is read only by rollout.backend='ray'", "set rollout.backend='ray' or leave it ''",
+       ("rollout.backend",)),
+      ("log.wandb_project", lambda v: not v or importlib.util.find_spec("wandb") is not None,
+       "logging to Weights & Biases needs the wandb package, which is not installed",
+       "`pip install wandb` (and `wandb login`), or leave log.wandb_project empty"),
   ]
+  if num_devices is not None:
+    r.append(("train.batch_size", lambda v: v % num_devices == 0,
+              f"must be divisible by the number of devices ({num_devices})",
+              f"use a multiple of {num_devices}"))
   for k in ("model.d_model", "model.n_layers", "model.n_heads", "model.head_dim", "model.d_ff",
-            "model.max_seq_len", "rollout.slots", "rollout.max_new_tokens",
-            "rollout.max_prefill_length", "rollout.queue_size", "eval.slots", "sft.batch_size",
-            "task.n_train"):
+            "model.max_seq_len", "rollout.slots", "rollout.serve_slots", "rollout.max_new_tokens",
+            "rollout.max_prefill_length", "rollout.queue_size", "eval.slots",
+            "eval.periodic_problems", "sft.batch_size", "task.n_train", "task.n_eval"):
     r.append((k, lambda v: v >= 1, "must be >= 1", "use a positive integer"))
   return r
 
@@ -166,21 +365,31 @@ def _mesh_problems(config, flat, num_devices: int) -> list[str]:
   return []
 
 
-def validate_config(config, num_devices: Optional[int] = None) -> None:
-  """Raises ``ConfigError`` listing every unknown key, wrong type and impossible value.
+def _coordinated(config) -> bool:
+  """True when ``jax.distributed`` will be started (then no JAX call may come before it)."""
+  address = (config.get("distributed") or {}).get("coordinator_address", "")
+  return bool(address or os.environ.get("JAX_COORDINATOR_ADDRESS"))
 
-  ``num_devices`` defaults to ``jax.device_count()``; jax is imported but nothing is compiled.
-  A ``config.mesh`` dict of axis sizes (e.g. ``{"data": 4, "fsdp": 2}``) must fit the devices
-  and ``train.batch_size`` must split over its data axes."""
-  if num_devices is None:
-    import jax  # pylint: disable=import-outside-toplevel
+
+def validate_config(config, num_devices: Optional[int] = None) -> None:
+  """Raises ``ConfigError`` listing every unknown key, wrong type, bad enum value, out-of-range
+  number and broken cross-field rule, before anything is built or compiled.
+
+  ``num_devices`` defaults to ``jax.device_count()`` (jax is imported, nothing is compiled);
+  in a multi-process job (``distributed.coordinator_address`` or ``JAX_COORDINATOR_ADDRESS``
+  set) it stays None, so no JAX backend starts before ``jax.distributed.initialize``, and the
+  device-count rules (batch and mesh over the devices) are left to the trainer.
+  ``mesh.shape`` (e.g. "data=2,fsdp=-1") must fit the devices and ``train.batch_size`` must
+  split over its data x fsdp axes."""
+  if num_devices is None and not _coordinated(config):
+    import jax  # pylint: disable=import-outside-toplevel  # only here: the count starts a backend
     num_devices = jax.device_count()
   schema = reference_schema()
   flat = _flatten(config)
-  problems, bad_type = [], set()
+  problems, bad = [], set()
   for k, v in flat.items():
     if k not in schema:
-      bad_type.add(k)
+      bad.add(k)
       close = [s for s in schema if s.split(".")[-1] == k.split(".")[-1] or
                (s.split(".")[0] == k.split(".")[0] and _similar(s.split(".")[-1], k.split(".")[-1]))]
       problems.append(f"config.{k}: unknown key; fix: remove it"
@@ -189,21 +398,30 @@ def validate_config(config, num_devices: Optional[int] = None) -> None:
     types = schema[k]
     if bool in types and not isinstance(v, bool) or bool not in types and isinstance(v, bool) \
         or not isinstance(v, types):
-      bad_type.add(k)
+      bad.add(k)
       problems.append(f"config.{k} = {v!r}: wrong type {type(v).__name__}; fix: give a "
                       f"{' or '.join(t.__name__ for t in types)}")
       continue
     if isinstance(v, float) and not math.isfinite(v):
+      bad.add(k)
       problems.append(f"config.{k} = {v!r}: must be finite; fix: give a finite number")
-  for field, ok, what, fix in _rules(flat, num_devices):
-    if field in flat and field not in bad_type:
-      try:
-        good = ok(flat[field])
-      except TypeError:
-        good = False
-      if not good:
-        problems.append(f"config.{field} = {flat[field]!r}: {what}; fix: {fix}")
-  problems.extend(_mesh_problems(config, flat, num_devices))
+  for field, choices in enum_choices().items():
+    if field in flat and field not in bad and flat[field] not in choices:
+      bad.add(field)
+      problems.append(_enum_problem(field, flat[field], choices))
+  for rule in _rules(flat, num_devices):
+    field, ok, what, fix = rule[:4]
+    reads = rule[4] if len(rule) > 4 else ()
+    if field not in flat or field in bad or any(f in bad for f in reads):
+      continue
+    try:
+      good = ok(flat[field])
+    except (TypeError, re.error):
+      good = False
+    if not good:
+      problems.append(f"config.{field} = {flat[field]!r}: {what}; fix: {fix}")
+  if num_devices is not None:
+    problems.extend(_mesh_problems(config, flat, num_devices))
   model = config.get("model", {})
   if (not model.get("checkpoint_dir") and not model.get("gguf", "")
       and not config.get("allow_random_init", False)):
@@ -215,5 +433,4 @@ def validate_config(config, num_devices: Optional[int] = None) -> None:
 
 
 def _similar(a: str, b: str) -> bool:
-  import difflib  # pylint: disable=import-outside-toplevel
   return difflib.SequenceMatcher(None, a, b).ratio() >= 0.75
