@@ -111,8 +111,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.baseline_window = 8     # running_mean_prompt: last N rewards of the same prompt (paper 8)
   c.train.global_baseline_window = 128  # running_mean_global: last N rewards overall (paper 128)
   c.train.bootstrap_truncated = False  # truncated trajectories bootstrap from V(last state), not 0
-  c.train.lam_critic = 1.0        # GAE lambda of the critic's returns (paper: 1, Monte-Carlo)
-  c.train.value_clip_eps = 0.0    # PPO-style value clipping half-width (0 = off, the paper's)
   c.train.max_consecutive_nonfinite = 3  # NaN/inf steps are skipped; stop after this many in a row
 
   c.eval = ml_collections.ConfigDict()

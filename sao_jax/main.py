@@ -6,7 +6,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from sao_jax import host_malloc
-from sao_jax.config_validation import ConfigError, validate_config
+from sao_jax.train import loop
+from sao_jax.train.validation import ConfigError, validate_config
 
 config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file "
                                  "(`path.py` or `path.py:variant`).", lock_config=True)
@@ -22,11 +23,10 @@ def main(argv):
   # (SAO_JAX_KEEP_FREED_MEMORY=0 keeps glibc's defaults: memory then shrinks after a peak)
   if os.environ.get("SAO_JAX_KEEP_FREED_MEMORY", "1") != "0":
     host_malloc.keep_freed_memory()
-  try:  # every bad field in one message, before the trainer's imports and any model is built
+  try:  # every bad field in one message, before any model is built
     validate_config(FLAGS.config)
   except ConfigError as e:
     raise SystemExit(f"{e}") from None  # exit status 1, the message on stderr, no traceback
-  from sao_jax.train import loop  # pylint: disable=import-outside-toplevel
   loop.run(FLAGS.config)
 
 

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from sao_jax import faults, tasks
-from sao_jax.config_validation import validate_config
+from sao_jax.train.validation import validate_config
 from sao_jax.rollout.ledger import PromptLedger
 from sao_jax.train import distributed, report, setup
 from sao_jax.train import resume as resume_lib

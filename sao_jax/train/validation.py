@@ -30,7 +30,14 @@ import os
 import re
 from typing import Any, Callable, Optional
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from sao_jax import algo
+from sao_jax.algo.objectives import AGGREGATIONS
+from sao_jax.rollout.staleness import POLICIES
+from sao_jax.train.distributed import parse_mesh_shape
+from sao_jax.train.modes import MODES
+from sao_jax.train.progress import MODES as PROGRESS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # fields that only some configs define: name -> allowed types
 EXTRA_KEYS: dict[str, tuple] = {
     "task.train_file": (str,),
@@ -50,27 +57,13 @@ _PPO_FAMILY = ("ppo_clip", "tis", "icepop")  # objectives that read ppo_eps_* an
 
 
 def estimator_names() -> tuple[str, ...]:
-  """Names of the advantage estimators (``train.advantage_estimator`` without "auto").
-
-  The keys of ``sao_jax.algo.ESTIMATORS`` when that registry exists, else the older
-  ``train/modes.py`` tuples ``CRITIC_ESTIMATORS + CRITIC_FREE_ESTIMATORS``."""
-  # imported on use: the registries pull in jax, and the schema checks do not need them
-  from sao_jax import algo  # pylint: disable=import-outside-toplevel
-  registry = getattr(algo, "ESTIMATORS", None)
-  if registry is not None:
-    return tuple(registry)
-  from sao_jax.train import modes  # pylint: disable=import-outside-toplevel
-  return tuple(modes.CRITIC_ESTIMATORS) + tuple(modes.CRITIC_FREE_ESTIMATORS)
+  """Names of the advantage estimators (``train.advantage_estimator`` without "auto"): the keys
+  of ``sao_jax.algo.ESTIMATORS``."""
+  return tuple(algo.ESTIMATORS)
 
 
 def enum_choices() -> dict[str, tuple]:
   """Enum field -> its allowed values, read from the modules that consume the field."""
-  # imported on use (same reason as estimator_names)
-  from sao_jax import algo  # pylint: disable=import-outside-toplevel
-  from sao_jax.algo.objectives import AGGREGATIONS  # pylint: disable=import-outside-toplevel
-  from sao_jax.rollout.staleness import POLICIES  # pylint: disable=import-outside-toplevel
-  from sao_jax.train.modes import MODES  # pylint: disable=import-outside-toplevel
-  from sao_jax.train.progress import MODES as PROGRESS  # pylint: disable=import-outside-toplevel
   return {
       "train.mode": tuple(MODES),
       "train.objective": ("auto",) + tuple(algo.OBJECTIVES),
@@ -150,9 +143,8 @@ def _resolved(flat: dict) -> tuple[str, str, str]:
 
 
 def _critic_free() -> tuple[str, ...]:
-  """Estimators that use no critic (``train/modes.py``; empty, so the rule is off, if gone)."""
-  from sao_jax.train import modes  # pylint: disable=import-outside-toplevel  # see enum_choices
-  return tuple(getattr(modes, "CRITIC_FREE_ESTIMATORS", ()))
+  """Estimators that use no critic (``algo.ESTIMATORS[name].uses_critic`` is False)."""
+  return tuple(k for k, v in algo.ESTIMATORS.items() if not v.uses_critic)
 
 
 def _regexes_ok(patterns) -> bool:
@@ -339,7 +331,6 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
 
 def _mesh_problems(config, flat, num_devices: int) -> list[str]:
   """``mesh.shape`` ("data=1,fsdp=-1"; -1 = the remaining devices) against the machine."""
-  from sao_jax.train.distributed import parse_mesh_shape  # pylint: disable=import-outside-toplevel
   text = (config.get("mesh") or {}).get("shape", "") or ""
   try:
     shape = parse_mesh_shape(text)
