@@ -40,6 +40,8 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from sao_jax import pretrained
+
 FLAGS = flags.FLAGS
 
 
@@ -160,9 +162,8 @@ def engine_rollout(config, params, env, stop_ids, *, temperature: float, max_new
   from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
   from sao_jax.rollout.engine import SAOEngine  # pylint: disable=import-outside-toplevel
   from sao_jax.rollout.worker import generate_trajectories  # pylint: disable=import-outside-toplevel
-  from sao_jax.train.loop import model_config  # pylint: disable=import-outside-toplevel
   tok = CharTokenizer()
-  mcfg = model_config(config, tok.vocab_size)
+  mcfg = pretrained.model_config(config, tok.vocab_size)
   graphdef, _ = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(0)))
   engine = SAOEngine(mcfg, graphdef, tok, max_concurrent_decodes=config.eval.slots,
                      max_prefill_length=config.rollout.max_prefill_length,
@@ -184,8 +185,7 @@ def load_params(config, checkpoint: str):
   from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel
   from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
   from sao_jax.train.checkpoint import load_policy_params  # pylint: disable=import-outside-toplevel
-  from sao_jax.train.loop import model_config  # pylint: disable=import-outside-toplevel
-  mcfg = model_config(config, CharTokenizer().vocab_size)
+  mcfg = pretrained.model_config(config, CharTokenizer().vocab_size)
   params = nnx.to_pure_dict(nnx.split(Transformer(mcfg, rngs=nnx.Rngs(config.seed)))[1])
   if checkpoint:
     return load_policy_params(checkpoint, params)

@@ -14,6 +14,8 @@ import rlax
 
 from sao_jax import algo
 
+import dis_reference  # the first DIS loss, a test oracle (tests/dis_reference.py)
+
 _CASES_PATH = pathlib.Path(__file__).parent / 'data' / 'sao_cases.json'
 CASES = json.loads(_CASES_PATH.read_text())
 
@@ -52,7 +54,7 @@ class DisCasesTest(chex.TestCase):
       mask = _arr(inp['action_mask'], dtype)
       eps_low, eps_high = inp['eps_low'], inp['eps_high']
 
-      loss_fn = self.variant(algo.dis_policy_loss)
+      loss_fn = self.variant(dis_reference.dis_policy_loss)
       loss, metrics = loss_fn(lp, rlp, adv, mask, eps_low, eps_high)
       self.assertEqual(loss.dtype, dtype)
       np.testing.assert_allclose(loss, exp['loss'], rtol=rtol, atol=atol)
@@ -62,14 +64,14 @@ class DisCasesTest(chex.TestCase):
         self.assertEqual(v.dtype, dtype)
 
       grad_fn = self.variant(jax.grad(
-          lambda x, r, a, m, lo, hi: algo.dis_policy_loss(x, r, a, m, lo, hi)[0]
+          lambda x, r, a, m, lo, hi: dis_reference.dis_policy_loss(x, r, a, m, lo, hi)[0]
       ))
       grad = grad_fn(lp, rlp, adv, mask, eps_low, eps_high)
       np.testing.assert_allclose(
           grad, np.asarray(exp['grad_wrt_logprobs']), rtol=rtol, atol=atol)
 
       ratio = np.exp(lp - rlp).astype(dtype)
-      kept = self.variant(algo.dis_keep_mask)(ratio, mask, eps_low, eps_high)
+      kept = self.variant(dis_reference.dis_keep_mask)(ratio, mask, eps_low, eps_high)
       np.testing.assert_array_equal(kept, np.asarray(exp['kept'], bool))
 
       # Metrics against a direct NumPy computation.
@@ -98,7 +100,7 @@ class DisCasesTest(chex.TestCase):
     with _precision(np.float64):
       ratio = _arr(inp['ratios'], np.float64)[None]
       mask = np.ones_like(ratio)
-      kept = self.variant(algo.dis_keep_mask)(
+      kept = self.variant(dis_reference.dis_keep_mask)(
           ratio, mask, inp['eps_low'], inp['eps_high'])
       np.testing.assert_array_equal(kept[0], expected)
 
@@ -112,10 +114,10 @@ class DisCasesTest(chex.TestCase):
       ratio = np.array([[low, np.nextafter(low, f32(np.inf)),
                          np.nextafter(high, f32(-np.inf)), high, 1.0]], f32)
       mask = np.array([[1, 1, 1, 1, 1]], np.int32)
-      kept = self.variant(algo.dis_keep_mask)(ratio, mask, eps_low, eps_high)
+      kept = self.variant(dis_reference.dis_keep_mask)(ratio, mask, eps_low, eps_high)
       np.testing.assert_array_equal(kept[0], [False, True, True, False, True])
       # Non-action tokens are never kept, even at ratio 1.
-      kept = self.variant(algo.dis_keep_mask)(
+      kept = self.variant(dis_reference.dis_keep_mask)(
           ratio, np.zeros_like(mask), eps_low, eps_high)
       self.assertFalse(np.any(kept))
 
@@ -379,7 +381,7 @@ class RobustnessTest(chex.TestCase):
     mask = np.ones((2, 6), np.float32)
 
     def f(x):
-      return algo.dis_policy_loss(x, rlp, adv, mask, 0.3, 5.0)
+      return dis_reference.dis_policy_loss(x, rlp, adv, mask, 0.3, 5.0)
 
     (loss, metrics), grad = self.variant(
         jax.value_and_grad(f, has_aux=True))(lp)
@@ -403,7 +405,7 @@ class RobustnessTest(chex.TestCase):
     mask = np.array([[1, 1, 0, 0]], np.int32)
 
     def f(x):
-      return algo.dis_policy_loss(x, rlp, adv, mask, 0.3, 5.0)
+      return dis_reference.dis_policy_loss(x, rlp, adv, mask, 0.3, 5.0)
 
     (loss, metrics), grad = self.variant(
         jax.value_and_grad(f, has_aux=True))(lp)
@@ -421,7 +423,7 @@ class RobustnessTest(chex.TestCase):
     mask = np.array([[1, 1, 0, 1, 0], [0, 0, 0, 0, 0]], np.float32)
 
     def f(x, r, a, m):
-      return algo.dis_policy_loss(x, r, a, m, 0.3, 5.0)
+      return dis_reference.dis_policy_loss(x, r, a, m, 0.3, 5.0)
 
     vg = self.variant(jax.value_and_grad(f, has_aux=True))
     (loss, metrics), grad = vg(lp, rlp, adv, mask)
@@ -439,7 +441,7 @@ class RobustnessTest(chex.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_all_padding_batch(self):
     z = np.zeros((3, 4), np.float32)
-    loss, metrics = self.variant(algo.dis_policy_loss)(
+    loss, metrics = self.variant(dis_reference.dis_policy_loss)(
         z - 1.0, z - 2.0, z + 1.0, z, 0.3, 5.0)
     self.assertEqual(float(loss), 0.0)
     self.assertTrue(_all_finite(metrics))
@@ -458,23 +460,23 @@ class RobustnessTest(chex.TestCase):
     rlp = jnp.asarray(rng.normal(size=(2, 7)) * 0.2 - 1.0, jnp.bfloat16)
     adv = jnp.asarray(rng.normal(size=(2, 7)), jnp.bfloat16)
     mask = np.array([[1] * 7, [1, 1, 1, 0, 0, 0, 0]], np.float32)
-    loss, metrics = self.variant(algo.dis_policy_loss)(
+    loss, metrics = self.variant(dis_reference.dis_policy_loss)(
         lp, rlp, adv, mask, 0.3, 5.0)
     self.assertEqual(loss.dtype, jnp.float32)
     for v in metrics.values():
       self.assertEqual(v.dtype, jnp.float32)
-    ref, _ = algo.dis_policy_loss(lp.astype(jnp.float32),
+    ref, _ = dis_reference.dis_policy_loss(lp.astype(jnp.float32),
                                   rlp.astype(jnp.float32),
                                   adv.astype(jnp.float32), mask, 0.3, 5.0)
     np.testing.assert_allclose(loss, ref, rtol=1e-6)
-    grad = jax.grad(lambda x: algo.dis_policy_loss(
+    grad = jax.grad(lambda x: dis_reference.dis_policy_loss(
         x, rlp, adv, mask, 0.3, 5.0)[0])(lp)
     self.assertEqual(grad.dtype, jnp.bfloat16)
     self.assertTrue(_all_finite(grad))
 
   def test_rank_guards(self):
     with self.assertRaises(AssertionError):
-      algo.dis_policy_loss(jnp.zeros(3), jnp.zeros(3), jnp.zeros(3),
+      dis_reference.dis_policy_loss(jnp.zeros(3), jnp.zeros(3), jnp.zeros(3),
                            jnp.ones(3), 0.3, 5.0)
     with self.assertRaises(AssertionError):
       algo.skip_observation_gae(jnp.zeros((2, 3)), jnp.zeros((2, 3)),

@@ -12,7 +12,6 @@ from sao_jax.algo.estimators import ESTIMATORS
 from sao_jax.algo.estimators import Estimator
 from sao_jax.algo.estimators import baseline_advantages
 from sao_jax.algo.estimators import broadcast_to_tokens
-from sao_jax.algo.estimators import decoupled_gae
 from sao_jax.algo.estimators import get_estimator
 from sao_jax.algo.estimators import group_normalized_advantages
 from sao_jax.algo.estimators import grpo_advantages
@@ -28,8 +27,6 @@ from sao_jax.algo.objectives import icepop_objective
 from sao_jax.algo.objectives import ppo_clip_objective
 from sao_jax.algo.objectives import reinforce_objective
 from sao_jax.algo.objectives import tis_objective
-from sao_jax.algo.policy_loss import dis_keep_mask
-from sao_jax.algo.policy_loss import dis_policy_loss
 from sao_jax.algo.value_loss import explained_variance
 from sao_jax.algo.value_loss import value_loss
 
@@ -40,10 +37,7 @@ __all__ = (
     'aggregate',
     'baseline_advantages',
     'broadcast_to_tokens',
-    'decoupled_gae',
-    'dis_keep_mask',
     'dis_objective',
-    'dis_policy_loss',
     'explained_variance',
     'get_estimator',
     'get_objective',

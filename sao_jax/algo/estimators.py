@@ -8,8 +8,6 @@ token (project convention).
                          tokens (the common bug; ablation of skip-observation GAE)
   step_level_gae         one value per turn (mean or last token of the turn),
                          GAE over turns (SAO paper appendix, step-level variant)
-  decoupled_gae          policy advantages with lam_policy, critic returns with
-                         lam_critic (VAPO decoupled GAE), one call
   grpo_advantages        group-normalised outcome advantages (DeepSeekMath GRPO),
                          with or without the std division (Dr. GRPO)
   broadcast_to_tokens    a per-row advantage `[B]` onto that row's action tokens
@@ -146,23 +144,6 @@ def step_level_gae(rewards: Array, values: Array, action_mask: Array, gamma: Num
   safe = jnp.clip(tid, 0, t - 1)
   adv = jnp.where(is_action, jnp.take_along_axis(adv_k, safe, axis=-1), 0.0)
   ret = jnp.where(is_action, jnp.take_along_axis(ret_k, safe, axis=-1), 0.0)
-  return adv, ret
-
-
-def decoupled_gae(rewards: Array, values: Array, action_mask: Array, gamma: Numeric,
-                  lam_policy: Numeric, lam_critic: Numeric = 1.0,
-                  bootstrap_value: Optional[Array] = None) -> Tuple[Array, Array]:
-  """Decoupled-lambda skip-observation GAE: advantages with `lam_policy` (scalar or
-  per-row `[B]`, e.g. `length_adaptive_lambda`), critic returns with `lam_critic`
-  (default 1: Monte-Carlo targets), from the same values.
-
-  Source: VAPO (Yue et al. 2025) decoupled GAE, as used by the SAO paper (§3.3).
-
-  Returns `(advantages, returns)` `[B, T]`; raises as `skip_observation_gae`."""
-  adv, _ = skip_observation_gae(rewards, values, action_mask, gamma, lam_policy,
-                                bootstrap_value)
-  _, ret = skip_observation_gae(rewards, values, action_mask, gamma, lam_critic,
-                                bootstrap_value)
   return adv, ret
 
 

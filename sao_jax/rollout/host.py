@@ -45,6 +45,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from sao_jax import pretrained
 from sao_jax.rollout import jetstream_compat
 from sao_jax.rollout import wire
 from sao_jax.rollout.engine import SAOEngine
@@ -99,14 +100,13 @@ class RolloutHost:
                host_index: int = 0, num_hosts: int = 1, name: str = "", poll_s: float = 0.2):
     from sao_jax import tasks  # pylint: disable=import-outside-toplevel
     from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
-    from sao_jax.train.loop import model_config  # pylint: disable=import-outside-toplevel
     self.config, self.port, self.rl_port = config, port, rl_port
     self.weights_dir, self.poll_s = weights_dir, poll_s
     self.name = name or f"host{host_index}:{rl_port}"
     # new on every start: lets the trainer tell a restarted host (weights lost) from a live one
     self.instance = uuid.uuid4().hex
     self.task = tasks.make_task(config)
-    self.mcfg = model_config(config, self.task.tokenizer.vocab_size)
+    self.mcfg = pretrained.model_config(config, self.task.tokenizer.vocab_size)
     graphdef, params = nnx.split(Transformer(self.mcfg, rngs=nnx.Rngs(config.seed)))
     self.like = nnx.to_pure_dict(params)
     self.store = WeightStore(self.like, version=-1)

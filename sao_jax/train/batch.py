@@ -55,6 +55,27 @@ class Batch:
   def rows(self) -> int:
     return int(self.tokens.shape[0])
 
+  @classmethod
+  def of(cls, tokens, action_mask, *, rollout_logprobs=None, policy_version=None, reward=None,
+         truncated=None, group_id=None, baseline=None) -> "Batch":
+    """A batch from arrays (tests, benchmarks): ``tokens`` int [B, T] and ``action_mask``
+    [B, T] (any dtype, non-zero = action); omitted fields get their empty values (log-probs 0,
+    version 0 on actions, reward 0, one group per row). ``last_action`` / ``last_index`` are
+    derived from the mask (``last_index`` = the last action token)."""
+    tokens = np.asarray(tokens, np.int32)
+    mask = np.asarray(action_mask) > 0
+    b, t = tokens.shape
+    has = mask.any(-1)
+    last = np.where(has, t - 1 - np.argmax(mask[:, ::-1], -1), -1).astype(np.int32)
+    fill = lambda x, default: np.asarray(default if x is None else x)
+    return cls(tokens=tokens, action_mask=mask,
+               rollout_logprobs=fill(rollout_logprobs, np.zeros((b, t))).astype(np.float32),
+               policy_version=np.where(mask, fill(policy_version, 0), -1).astype(np.int32),
+               reward=fill(reward, np.zeros(b)).astype(np.float32), last_action=last,
+               last_index=np.maximum(last, 0), truncated=fill(truncated, np.zeros(b, bool)),
+               group_id=fill(group_id, np.arange(b)).astype(np.int32),
+               baseline=fill(baseline, np.zeros(b)).astype(np.float32))
+
   def token_rewards(self) -> jax.Array:
     """float32 [B, T]: each row's reward on its last action token, 0 elsewhere (the project's
     reward placement; never on observation tokens)."""

@@ -1,4 +1,5 @@
-"""SAO policy loss: token-level direct double-sided importance sampling (DIS).
+"""Test oracle: the first DIS policy loss (the library trains with `algo.dis_objective`; the
+tests check that the two agree). Token-level direct double-sided importance sampling.
 
 Pure JAX kernels, no state and no I/O. Layout is token-major and padded,
 `[batch, time]`, response tokens only; `action_mask` is non-zero on tokens the
