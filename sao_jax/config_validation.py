@@ -21,6 +21,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXTRA_KEYS: dict[str, tuple] = {
     "task.train_file": (str,),
     "task.switch_every": (int,),  # style_switch: policy steps per preferred-style phase
+    "task.tool_cpu_s": (int,),  # tir_math: sandbox CPU seconds per program
+    "task.tool_wall_s": (int, float),  # tir_math: sandbox wall seconds per program
+    "task.tool_memory_mb": (int,),  # tir_math: sandbox address-space limit (MiB)
+    "task.tool_output_chars": (int,),  # tir_math: observation cut (characters)
     "train.max_consecutive_nonfinite": (int,),
     "rollout.env_timeout_s": (int, float),
     "rollout.lockstep": (bool,),
@@ -29,7 +33,7 @@ EXTRA_KEYS: dict[str, tuple] = {
     "mesh": (dict,),
 }
 _DTYPES = ("float32", "bfloat16", "float16")
-_TASKS = ("arith_tool", "math", "style_switch")
+_TASKS = ("arith_tool", "math", "style_switch", "tir_math")
 
 
 class ConfigError(ValueError):
@@ -122,6 +126,10 @@ def _rules(flat: dict, num_devices: int) -> list[tuple[str, Callable[[Any], bool
        "its tail (median * e^(4 sigma), the 99.997th percentile) must stay below "
        "rollout.env_timeout_s, or slow tool calls fail as timeouts",
        "raise rollout.env_timeout_s or lower task.tool_latency_median_s / tool_latency_sigma"),
+      ("task.tool_wall_s", lambda v: 0 < v and v + 5 <= flat.get("rollout.env_timeout_s", 30.0),
+       "must be > 0 and at least 5 s below rollout.env_timeout_s (sandbox start-up and teardown "
+       "included), or a slow program fails the trajectory as an env timeout",
+       "lower task.tool_wall_s or raise rollout.env_timeout_s"),
       ("task.name", lambda v: v in _TASKS, f"must be one of {_TASKS}", "use 'arith_tool'"),
       ("task.max_turns", lambda v: v >= 1, "must be >= 1", "use 3"),
       ("sft.p_tool", unit, "must be in [0, 1]", "use 0.3"),
