@@ -34,9 +34,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.task.eval_file = "aime25.jsonl"   # held-out: the 30 AIME 2025 problems (periodic eval)
   c.task.n_eval = 30
   c.task.max_turns = 50               # paper: up to 50 tool turns
-  c.task.tool_cpu_s = 5               # sandbox limits per program run
-  c.task.tool_wall_s = 10.0
-  c.task.tool_memory_mb = 1024
+  c.task.tool_cpu_s = 5               # sandbox CPU seconds per program run
+  c.task.tool_wall_s = 10.0           # sandbox wall-clock seconds per program run
+  c.task.tool_memory_mb = 1024        # sandbox address-space limit per program run (MiB)
   c.task.tool_output_chars = 1024     # observation cut (first + last 512 characters)
   c.rollout.env_timeout_s = 30.0      # > tool_wall_s + sandbox start-up
 
