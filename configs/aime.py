@@ -1,4 +1,9 @@
-"""SAO in the paper's math setting: AIME 2025 prompts, math-verify reward, paper hyper-parameters.
+"""SAO in the paper's math setting: tool-integrated reasoning (the policy writes Python, a sandbox
+runs it, the output comes back as observation tokens, up to 50 turns), math-verify reward on the
+final \\boxed{}, paper hyper-parameters. Trains on the packaged training mix (GSM8K train,
+MATH-500, AIME 2024, AMC 2023, HMMT Feb 2024: `sao_jax/data/split.py`), which shares no problem
+with the evaluation sets; evaluates on AIME 2025 during training, and on the paper's four
+benchmarks with `python -m sao_jax.eval --config=configs/aime.py --protocol=paper` (docs/tir_math.md).
 
 `python -m sao_jax.main --config=configs/aime.py --config.model.checkpoint_dir=/path/to/ckpt`
 needs a policy checkpoint: a Hugging Face folder (`config.json`, `model.safetensors` or sharded
@@ -24,10 +29,16 @@ _spec.loader.exec_module(arith_tool)
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c = arith_tool.get_config()
   c.run_dir = "runs/aime"
-  c.task.name = "math"
-  c.task.train_file = "aime25.jsonl"  # packaged: sao_jax/data/files/aime25.jsonl (30 problems)
-  c.task.n_eval = 30                  # evaluated on the same 30 problems (AIME is the benchmark)
-  c.task.max_turns = 1
+  c.task.name = "tir_math"            # multi-turn, sandboxed Python tool (envs/tir_math.py)
+  c.task.train_file = "paper_mix"     # data/split.py TRAIN_MIX: 8,073 problems, none evaluated
+  c.task.eval_file = "aime25.jsonl"   # held-out: the 30 AIME 2025 problems (periodic eval)
+  c.task.n_eval = 30
+  c.task.max_turns = 50               # paper: up to 50 tool turns
+  c.task.tool_cpu_s = 5               # sandbox CPU seconds per program run
+  c.task.tool_wall_s = 10.0           # sandbox wall-clock seconds per program run
+  c.task.tool_memory_mb = 1024        # sandbox address-space limit per program run (MiB)
+  c.task.tool_output_chars = 1024     # observation cut (first + last 512 characters)
+  c.rollout.env_timeout_s = 30.0      # > tool_wall_s + sandbox start-up
 
   c.allow_random_init = False         # refuse to start RL from a random model
   c.model.checkpoint_dir = ""         # REQUIRED: HF checkpoint folder or sao_jax orbax checkpoint
@@ -38,8 +49,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
 
   c.rollout.temperature = 1.0         # paper: sampling temperature 1.0, top-p 1.0
   c.rollout.max_new_tokens = 2048     # response budget per turn
-  c.rollout.max_prefill_length = 2048 # longest AIME 2025 prompt is 1,895 characters
+  c.rollout.max_prefill_length = 2048 # prompt tokens (longest AIME 2025 problem: 1,895 characters)
   c.rollout.slots = 32
+  c.rollout.env_workers = 32          # sandbox runs off the decode loop: a slow program stalls
+                                      # only its slot (auto (-1) only sees tool_latency_median_s)
   c.rollout.queue_size = 256
 
   c.train.batch_size = 128            # paper: 128 trajectories per policy step, 1 per prompt
@@ -62,9 +75,12 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.model.param_dtype, c.model.dtype = "float32", "float32"
     c.model.d_model, c.model.n_layers, c.model.d_ff = 32, 1, 64
     c.model.n_heads, c.model.n_kv_heads, c.model.head_dim = 2, 1, 16
-    c.model.max_seq_len = 2112
+    c.model.max_seq_len = 2304        # longest prompt: 1,895 + 202 instruction characters
     c.rollout.max_new_tokens = 16
     c.rollout.slots, c.eval.slots = 4, 4
+    c.rollout.env_workers = 4
+    c.rollout.max_prefill_length = 2176
+    c.task.max_turns = 4
     c.task.n_eval = 4
     c.train.batch_size, c.train.num_steps = 4, 2
     c.eval.every_steps, c.checkpoint.every_steps = 0, 0

@@ -21,6 +21,19 @@ and for pass@1 also ``stderr_runs``: the standard error of the mean accuracy ove
 "mean +- s.e. over 16 samples" convention of the paper's tables. A sample is correct when its
 reward is > 0.5 (rewards are 0 / 1).
 
+The paper's protocol (``--protocol=paper``): AIME 2025, HMMT Feb 2025, BeyondAIME and
+IMO-AnswerBench (``sao_jax/data/split.py:PAPER_BENCHMARKS``), mean accuracy (pass@1) over 16
+samples per problem (4 for BeyondAIME) at temperature 1.0 and top-p 1.0, each sample a full
+multi-turn episode of the config's environment (with ``configs/aime.py``: the policy writes
+Python, the sandbox runs it, up to ``task.max_turns`` turns), printed as one table row per
+benchmark with both standard errors and the mean tool calls and turns per sample::
+
+    python -m sao_jax.eval --config=configs/aime.py --config.model.checkpoint_dir=/path/to/hf \
+        --protocol=paper
+
+``--n`` (samples) and ``--limit`` (problems per benchmark) shrink it for a quick check (the
+header then says it is not the full protocol); ``--benchmarks=aime25,beyondaime`` picks some.
+
 Benchmark files: JSONL ``{"id", "problem", "answer"}`` (AIME, MATH-500, GSM8K, ... in
 ``../shared/data/``); a bare name such as ``aime25.jsonl`` means the copy packaged in
 ``sao_jax/data/files``. Without ``--benchmark`` the config's own held-out problems are used.
@@ -154,46 +167,61 @@ def responses_rollout(path: str, problems: Sequence) -> Callable[[list], list]:
   return rollout
 
 
-def engine_rollout(config, params, env, stop_ids, *, temperature: float, max_new_tokens: int,
-                   seed: int) -> Callable[[list], list]:
-  """A rollout through ``SAOEngine`` + ``generate_trajectories`` (the trainer's engine path)."""
+def engine_rollout(config, params, mcfg, task, *, temperature: float, max_new_tokens: int,
+                   seed: int, env=None, env_workers: int = 0,
+                   trajectories: Optional[list] = None) -> Callable[[list], list]:
+  """A rollout through ``SAOEngine`` + ``RolloutWorker`` (the trainer's engine path).
+
+  ``task`` (``sao_jax.tasks.Task``) gives the tokenizer, stop ids and stop strings; ``env``
+  (default the task's eval env) answers every turn -- multi-turn with the sandboxed tool for
+  ``tir_math``, ``env_workers`` threads running ``env.step`` off the decode loop. Finished
+  ``Trajectory`` objects are appended to ``trajectories`` when given (turns, tool calls)."""
   from flax import nnx  # pylint: disable=import-outside-toplevel
-  from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel
   from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
   from sao_jax.rollout.engine import SAOEngine  # pylint: disable=import-outside-toplevel
-  from sao_jax.rollout.worker import generate_trajectories  # pylint: disable=import-outside-toplevel
-  tok = CharTokenizer()
-  mcfg = pretrained.model_config(config, tok.vocab_size)
-  graphdef, _ = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(0)))
-  engine = SAOEngine(mcfg, graphdef, tok, max_concurrent_decodes=config.eval.slots,
+  from sao_jax.rollout.sync import WeightStore  # pylint: disable=import-outside-toplevel
+  from sao_jax.rollout.worker import RolloutWorker  # pylint: disable=import-outside-toplevel
+  env = env if env is not None else (task.eval_env if task.eval_env is not None else task.env)
+  graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))[0]
+  engine = SAOEngine(mcfg, graphdef, task.tokenizer, max_concurrent_decodes=config.eval.slots,
                      max_prefill_length=config.rollout.max_prefill_length,
                      temperature=temperature, seed=seed)
+  weights = WeightStore(params, 0)
 
   def rollout(expanded):
-    trajs = generate_trajectories(engine, env, params, expanded, stop_ids=stop_ids,
-                                  max_new_tokens=max_new_tokens,
-                                  max_seq_len=config.model.max_seq_len, temperature=temperature,
-                                  seed=seed)
-    return [(t.problem_id, t.reward) for t in trajs]
+    out: list = []
+    worker = RolloutWorker(engine, env, iter(expanded), lambda t: out.append(t) or True, weights,
+                           stop_ids=task.stop_ids, stop_strings=task.stop_strings,
+                           max_new_tokens=max_new_tokens, max_seq_len=config.model.max_seq_len,
+                           temperature=temperature, seed=seed, env_workers=env_workers)
+    worker.run()
+    if trajectories is not None:
+      trajectories.extend(out)
+    return [(t.problem_id, t.reward) for t in out]
   return rollout
 
 
-def load_params(config, checkpoint: str):
-  """Policy params of ``config``'s model from ``checkpoint`` (or random init when it is '' and
-  the config allows it). Raises ValueError naming the flag to set."""
+def load_params(config, checkpoint: str, vocab_size: int):
+  """``(ModelConfig, policy params)`` of ``config``'s model: a Hugging Face folder / GGUF
+  (``config.model.checkpoint_dir`` / ``model.gguf``, shapes from the checkpoint), an orbax
+  ``checkpoint`` written by ``sao_jax.main``, or random init when there is none and the config
+  allows it. Raises ValueError naming the flag to set."""
   from flax import nnx  # pylint: disable=import-outside-toplevel
-  from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel
   from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
   from sao_jax.train.checkpoint import load_policy_params  # pylint: disable=import-outside-toplevel
-  mcfg = pretrained.model_config(config, CharTokenizer().vocab_size)
+  if not checkpoint or checkpoint == config.model.checkpoint_dir:
+    loaded = pretrained.load_model(config)
+    if loaded:
+      return loaded
+  mcfg = pretrained.model_config(config, vocab_size)
   params = nnx.to_pure_dict(nnx.split(Transformer(mcfg, rngs=nnx.Rngs(config.seed)))[1])
   if checkpoint:
-    return load_policy_params(checkpoint, params)
+    return mcfg, load_policy_params(checkpoint, params)
   if not config.get("allow_random_init", False):
     raise ValueError("no checkpoint: pass --checkpoint=<run_dir>/checkpoints (a folder written "
-                     "by `python -m sao_jax.main`).")
+                     "by `python -m sao_jax.main`) or --config.model.checkpoint_dir=<HF folder>.")
   print("warning: no --checkpoint, evaluating a RANDOMLY initialised model", flush=True)
-  return params
+  return mcfg, params
 
 
 def format_table(summary: dict, ks: Sequence[int]) -> str:
@@ -207,6 +235,29 @@ def format_table(summary: dict, ks: Sequence[int]) -> str:
   return "\n".join(lines)
 
 
+def format_protocol_table(rows: Sequence[dict]) -> str:
+  """The paper-style per-benchmark table: one row per benchmark (percentages).
+
+  ``rows``: dicts with ``title``, ``problems``, ``n``, ``pass@1`` (``mean``, ``stderr``,
+  ``stderr_runs``) and optional ``tool_calls`` / ``turns`` (means per sample)."""
+  head = (f"{'benchmark':18s}{'problems':>9s}{'samples':>9s}{'mean acc':>10s}{'± s.e.':>9s}"
+          f"{'± s.e. runs':>13s}{'tool calls':>12s}{'turns':>7s}")
+  lines = [head, "-" * len(head)]
+  for r in rows:
+    s = r["pass@1"]
+    tools = f"{r['tool_calls']:.2f}" if "tool_calls" in r else ""
+    turns = f"{r['turns']:.2f}" if "turns" in r else ""
+    lines.append(f"{r['title']:18s}{r['problems']:>9d}{r['n']:>9d}{100 * s['mean']:>9.2f}%"
+                 f"{100 * s['stderr']:>9.2f}{100 * s.get('stderr_runs', 0.0):>13.2f}"
+                 f"{tools:>12s}{turns:>7s}")
+  return "\n".join(lines)
+
+
+def _benchmark_path(name: str) -> str:
+  from sao_jax.data import jsonl  # pylint: disable=import-outside-toplevel
+  return name if os.path.exists(name) or os.sep in name else jsonl.packaged_path(name)
+
+
 def main(argv):
   del argv
   config = FLAGS.config
@@ -215,23 +266,34 @@ def main(argv):
   if FLAGS.top_p != 1.0:
     raise app.UsageError("--top_p: only 1.0 is supported (the engine samples the full "
                          "distribution so that its log-probs are the ones DIS needs).")
+  if FLAGS.protocol not in ("", "paper"):
+    raise app.UsageError(f"--protocol={FLAGS.protocol!r}: use '' or 'paper'.")
+  if FLAGS.protocol == "paper":
+    if FLAGS.temperature != 1.0:
+      raise app.UsageError("--protocol=paper samples at temperature 1.0 and top-p 1.0; drop "
+                           "--temperature.")
+    if FLAGS.benchmark or FLAGS.responses:
+      raise app.UsageError("--protocol=paper evaluates its own benchmarks; drop --benchmark / "
+                           "--responses.")
+    return _main_protocol(config)
   ks = [int(k) for k in FLAGS.k] if FLAGS.k else default_ks(FLAGS.n)
   if FLAGS.n < 1 or any(not 1 <= k <= FLAGS.n for k in ks):
     raise app.UsageError(f"--k={ks} and --n={FLAGS.n}: need n >= 1 and every k in [1, n].")
   from sao_jax import tasks  # pylint: disable=import-outside-toplevel
   from sao_jax.data import jsonl  # pylint: disable=import-outside-toplevel
-  from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel
   from sao_jax.envs.math_env import MathEnv  # pylint: disable=import-outside-toplevel
+  task = None if FLAGS.responses else tasks.make_task(config)
+  env = None
   if FLAGS.benchmark:
-    path = (FLAGS.benchmark if os.path.exists(FLAGS.benchmark) or os.sep in FLAGS.benchmark
-            else jsonl.packaged_path(FLAGS.benchmark))
+    path = _benchmark_path(FLAGS.benchmark)
     problems = jsonl.load_math_problems(path)
-    tok = CharTokenizer()
-    env, stop_ids, name = MathEnv(tok), (tok.eos_id,), os.path.splitext(os.path.basename(path))[0]
+    name = os.path.splitext(os.path.basename(path))[0]
+    if task is not None and config.task.name not in ("math", "tir_math"):
+      env = MathEnv(task.tokenizer)  # a math benchmark under a non-math task: boxed answer
+      task.stop_ids, task.stop_strings = (task.tokenizer.eos_id,), ()
   else:
-    task = tasks.make_task(config)
-    problems, stop_ids = task.eval_problems, task.stop_ids
-    env = task.eval_env if task.eval_env is not None else task.env
+    task = task or tasks.make_task(config)
+    problems = task.eval_problems
     name = f"{config.task.name}_heldout"
   if FLAGS.limit:
     problems = problems[:FLAGS.limit]
@@ -241,10 +303,11 @@ def main(argv):
     rollout = responses_rollout(FLAGS.responses, problems)
     source = f"responses {FLAGS.responses}"
   else:
-    params = load_params(config, checkpoint)
-    rollout = engine_rollout(config, params, env, stop_ids, temperature=FLAGS.temperature,
+    from sao_jax.rollout.worker import env_workers_for  # pylint: disable=import-outside-toplevel
+    mcfg, params = load_params(config, checkpoint, task.tokenizer.vocab_size)
+    rollout = engine_rollout(config, params, mcfg, task, temperature=FLAGS.temperature,
                              max_new_tokens=FLAGS.max_new_tokens or config.rollout.max_new_tokens,
-                             seed=FLAGS.seed)
+                             seed=FLAGS.seed, env=env, env_workers=env_workers_for(config))
     source = f"checkpoint {checkpoint or '(random init)'}"
   summary = evaluate_pass_at_k(problems, rollout, FLAGS.n, ks)
   summary.update(benchmark=name, source=source, temperature=FLAGS.temperature, top_p=FLAGS.top_p,
@@ -252,13 +315,69 @@ def main(argv):
   print(f"\n{name}: {summary['problems']} problems x {FLAGS.n} samples, {source}, "
         f"temperature {FLAGS.temperature}, top-p {FLAGS.top_p} ({summary['wall_s']:.0f}s)")
   print(format_table(summary, ks))
-  out = FLAGS.out or os.path.join(
-      os.path.dirname(os.path.normpath(checkpoint)) if checkpoint else config.run_dir, "eval",
-      f"{name}.json")
+  _write(summary, FLAGS.out or _default_out(config, checkpoint, f"{name}.json"))
+
+
+def _default_out(config, checkpoint: str, filename: str) -> str:
+  base = (os.path.dirname(os.path.normpath(checkpoint))
+          if checkpoint and not os.path.isfile(os.path.join(checkpoint, "config.json"))
+          else config.run_dir)
+  return os.path.join(base, "eval", filename)
+
+
+def _write(summary: dict, out: str) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with open(out, "w", encoding="utf-8") as f:
     json.dump(summary, f, indent=1)
   print(f"results: {out}", flush=True)
+
+
+def _main_protocol(config) -> None:
+  """The paper's evaluation: every benchmark of ``split.PAPER_BENCHMARKS`` (or ``--benchmarks``)
+  with its own sample count (16; BeyondAIME 4), temperature 1.0, top-p 1.0, multi-turn with the
+  config's environment (the Python tool for ``configs/aime.py``); prints the table."""
+  from sao_jax import tasks  # pylint: disable=import-outside-toplevel
+  from sao_jax.data import split  # pylint: disable=import-outside-toplevel
+  from sao_jax.rollout.worker import env_workers_for  # pylint: disable=import-outside-toplevel
+  benches = {b.name: b for b in split.PAPER_BENCHMARKS}
+  names = FLAGS.benchmarks or list(benches)
+  unknown = [b for b in names if b not in benches]
+  if unknown:
+    raise app.UsageError(f"--benchmarks: unknown {unknown}; use some of {list(benches)}.")
+  n_override = FLAGS.n if FLAGS["n"].present else 0
+  task = tasks.make_task(config)
+  checkpoint = FLAGS.checkpoint or config.model.checkpoint_dir
+  mcfg, params = load_params(config, checkpoint, task.tokenizer.vocab_size)
+  trajs: list = []
+  rollout = engine_rollout(config, params, mcfg, task, temperature=1.0,
+                           max_new_tokens=FLAGS.max_new_tokens or config.rollout.max_new_tokens,
+                           seed=FLAGS.seed, env_workers=env_workers_for(config),
+                           trajectories=trajs)
+  source = f"checkpoint {checkpoint or '(random init)'}"
+  rows, t0 = [], time.time()
+  for name in names:
+    b = benches[name]
+    problems = split.load_files([b.file])
+    if FLAGS.limit:
+      problems = problems[:FLAGS.limit]
+    n = n_override or b.samples
+    del trajs[:]
+    t1 = time.time()
+    summary = evaluate_pass_at_k(problems, rollout, n, [1])
+    summary.update(benchmark=name, title=b.title, source=source, temperature=1.0, top_p=1.0,
+                   protocol_samples=b.samples, wall_s=time.time() - t1,
+                   tool_calls=float(np.mean([t.info.get("tool_calls", 0) for t in trajs])),
+                   turns=float(np.mean([t.num_turns for t in trajs])))
+    rows.append(summary)
+  note = "" if not (n_override or FLAGS.limit) else (
+      " -- NOT the full protocol:" + (f" --n={n_override}" if n_override else "")
+      + (f" --limit={FLAGS.limit}" if FLAGS.limit else ""))
+  print(f"\nPaper protocol: mean accuracy over samples per problem, temperature 1.0, top-p 1.0, "
+        f"{config.task.name} (max {config.task.max_turns} turns), {source} "
+        f"({time.time() - t0:.0f}s){note}")
+  print(format_protocol_table(rows))
+  _write({"protocol": "paper", "source": source, "benchmarks": rows},
+         FLAGS.out or _default_out(config, checkpoint, "paper_protocol.json"))
 
 
 def define_flags() -> None:
@@ -280,6 +399,11 @@ def define_flags() -> None:
   flags.DEFINE_string("responses", "", "grade these responses instead of sampling: JSONL with "
                       "{'id', 'response'} per sample.")
   flags.DEFINE_string("out", "", "result JSON path; default <checkpoint or run_dir>/eval/<name>.json.")
+  flags.DEFINE_string("protocol", "", "'paper': the paper's evaluation (AIME 2025, HMMT Feb 2025, "
+                      "BeyondAIME, IMO-AnswerBench; 16 samples, 4 for BeyondAIME; temperature "
+                      "1.0, top-p 1.0) and its per-benchmark table; --n / --limit shrink it.")
+  flags.DEFINE_list("benchmarks", [], "with --protocol=paper: a subset of aime25, hmmt_feb25, "
+                    "beyondaime, imo_answerbench (default all).")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ import numpy as np
 class Task:
   """A built task. ``env`` is the training rollouts' environment; ``eval_env`` (None = ``env``)
   the one greedy evaluation uses: the arith task's tool latency (``task.tool_latency_median_s``)
-  models the cost of training-time tool calls, so evaluation runs without the wait."""
+  models the cost of training-time tool calls, so evaluation runs without the wait.
+  ``stop_strings``: strings that end a turn like a stop token (``RolloutWorker(stop_strings=)``;
+  tir_math: ``("```output",)``, the tool-call fence)."""
   tokenizer: Any
   env: Any
   train_problems: list
@@ -20,10 +22,14 @@ class Task:
   stop_ids: tuple
   sft_demos: Optional[list] = None
   eval_env: Any = None
+  stop_strings: tuple = ()
 
 
 def make_task(config) -> Task:
-  """``config.task.name``: "arith_tool" (CPU tool-use task) or "math" (JSONL benchmark files).
+  """``config.task.name``: "arith_tool" (CPU tool-use task), "math" (JSONL benchmark files,
+  single turn) or "tir_math" (JSONL files, multi-turn with the sandboxed Python tool:
+  ``sao_jax/envs/tir_math.py``; ``task.train_file`` is a comma-separated list of files or
+  "paper_mix", checked against every evaluation set by ``sao_jax.data.split``).
 
   Raises ValueError for an unknown task name."""
   from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel
@@ -76,4 +82,29 @@ def make_task(config) -> Task:
     else:
       env, stop = MathEnv(tok, max_turns=1), (tok.eos_id,)
     return Task(tok, env, problems, evals[:n_eval], stop, None)
-  raise ValueError(f"unknown task.name={name!r}; use 'arith_tool', 'style_switch' or 'math'.")
+  if name == "tir_math":
+    return _make_tir_math(config, tok)
+  raise ValueError(f"unknown task.name={name!r}; use 'arith_tool', 'style_switch', 'math' or "
+                   "'tir_math'.")
+
+
+def _make_tir_math(config, tok) -> Task:
+  """The tool-integrated math task (``make_task`` doc)."""
+  from sao_jax.data import split  # pylint: disable=import-outside-toplevel
+  from sao_jax.envs.sandbox import SandboxLimits  # pylint: disable=import-outside-toplevel
+  from sao_jax.envs.tir_math import TirMathEnv  # pylint: disable=import-outside-toplevel
+  t = config.task
+  names = split.parse_file_list(t.train_file or "paper_mix")
+  eval_file = t.get("eval_file", "") or "aime25.jsonl"
+  problems = split.load_train_mix(names, eval_sets=sorted(set(split.EVAL_SETS) | {eval_file}))
+  rng = np.random.default_rng(config.seed)
+  problems = [problems[i] for i in rng.permutation(len(problems))]
+  evals = split.load_files([eval_file])
+  limits = SandboxLimits(cpu_s=int(t.get("tool_cpu_s", 5)), wall_s=float(t.get("tool_wall_s", 10.0)),
+                         memory_bytes=int(t.get("tool_memory_mb", 1024)) * 2**20)
+  env = TirMathEnv(tok, max_turns=t.max_turns, limits=limits,
+                   max_output_chars=int(t.get("tool_output_chars", 1024)),
+                   system=t.get("system_prompt", "") or None)
+  stop = tuple(tok.stop_ids) if getattr(tok, "chat_template", None) else (tok.eos_id,)
+  return Task(tok, env, problems, evals[:min(t.n_eval, len(evals))], stop, None,
+              stop_strings=env.stop_strings)

@@ -131,3 +131,45 @@ def test_cli_engine_path_runs_a_model(tmp_path):
 def test_cli_rejects_top_p():
   proc = _eval_cli("--config=configs/aime.py", "--top_p=0.9", timeout=120)
   assert proc.returncode != 0 and "top_p" in proc.stderr
+
+
+# ---- the paper's protocol -------------------------------------------------------------------------
+def test_protocol_table_hand_values():
+  t, f = True, False
+  s = ev.summarize({"a": [t, t, f, f], "b": [t, f, f, f]}, [1])  # 3/8 = 37.5%
+  row = dict(s, title="AIME 2025", tool_calls=1.5, turns=2.25)
+  lines = ev.format_protocol_table([row]).splitlines()
+  assert lines[0].split()[:4] == ["benchmark", "problems", "samples", "mean"]
+  # s.e. over problems: std([.5, .25], ddof 1) / sqrt(2) = 0.125; runs: acc_j = [1, .5, 0, 0]
+  runs_se = 100 * math.sqrt(sum((x - 0.375) ** 2 for x in [1, .5, 0, 0]) / 3) / 2
+  assert lines[2].split() == ["AIME", "2025", "2", "4", "37.50%", "12.50", f"{runs_se:.2f}",
+                              "1.50", "2.25"]
+
+
+def test_cli_paper_protocol_on_a_tiny_random_model(tmp_path):
+  """--protocol=paper: the four benchmarks, 16/16/4/16 samples per problem (here 1 problem each),
+  multi-turn tir_math episodes through the engine, the per-benchmark table printed."""
+  out = tmp_path / "p.json"
+  proc = _eval_cli("--config=configs/aime.py:smoke", "--protocol=paper", "--limit=1",
+                   "--max_new_tokens=8", f"--out={out}")
+  assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+  s = json.loads(out.read_text())
+  assert s["protocol"] == "paper"
+  rows = s["benchmarks"]
+  assert [(r["title"], r["problems"], r["n"]) for r in rows] == [
+      ("AIME 2025", 1, 16), ("HMMT Feb 2025", 1, 16), ("BeyondAIME", 1, 4),
+      ("IMO-AnswerBench", 1, 16)]
+  for r in rows:
+    assert r["temperature"] == 1.0 and r["top_p"] == 1.0
+    assert sum(v["n"] for v in r["per_problem"].values()) == r["n"]
+    assert 0.0 <= r["pass@1"]["mean"] <= 1.0 and r["turns"] >= 1.0
+  assert "temperature 1.0, top-p 1.0, tir_math (max 4 turns)" in proc.stdout
+  assert "NOT the full protocol: --limit=1" in proc.stdout
+  for title in ("AIME 2025", "HMMT Feb 2025", "BeyondAIME", "IMO-AnswerBench"):
+    assert any(l.startswith(title) for l in proc.stdout.splitlines()), title
+
+
+def test_cli_paper_protocol_fixes_the_temperature():
+  proc = _eval_cli("--config=configs/aime.py:smoke", "--protocol=paper", "--temperature=0.6",
+                   timeout=120)
+  assert proc.returncode != 0 and "temperature 1.0" in proc.stderr

@@ -1,5 +1,6 @@
-"""The main job end to end (CLI, subprocess): arith smoke run, AIME config guard and smoke run,
-and loading the policy from a checkpoint written by a run."""
+"""The main job end to end (CLI, subprocess): arith smoke run, AIME config guard (the AIME smoke
+run, multi-turn with the Python tool, is in tests/test_tir_math.py), and loading the policy from a
+checkpoint written by a run."""
 
 import csv
 import json
@@ -56,14 +57,6 @@ def test_aime_config_without_checkpoint_says_which_field_to_set():
   proc = _main("--config=configs/aime.py", timeout=120)
   assert proc.returncode != 0
   assert "config.model.checkpoint_dir" in proc.stderr + proc.stdout
-
-
-def test_aime_smoke_runs_the_aime_data_path(tmp_path):
-  proc = _main("--config=configs/aime.py:smoke", f"--config.run_dir={tmp_path}")
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  assert "30 train / 4 eval problems" in proc.stdout
-  records = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
-  assert sum("policy_loss" in r for r in records) == 2
 
 
 def test_policy_loads_from_a_run_checkpoint(smoke_run):

@@ -40,6 +40,10 @@ from sao_jax.train.progress import MODES as PROGRESS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # fields that only some configs define: name -> allowed types
 EXTRA_KEYS: dict[str, tuple] = {
+    "task.tool_cpu_s": (int,),  # tir_math: sandbox CPU seconds per program
+    "task.tool_wall_s": (int, float),  # tir_math: sandbox wall seconds per program
+    "task.tool_memory_mb": (int,),  # tir_math: sandbox address-space limit (MiB)
+    "task.tool_output_chars": (int,),  # tir_math: observation cut (characters)
     "task.train_file": (str,),
     "task.switch_every": (int,),  # style_switch: policy steps per preferred-style phase
     "train.max_consecutive_nonfinite": (int,),
@@ -49,7 +53,7 @@ EXTRA_KEYS: dict[str, tuple] = {
     "checkpoint.resume": (bool,),
 }
 _DTYPES = ("float32", "bfloat16", "float16")
-_TASKS = ("arith_tool", "math", "style_switch")  # sao_jax/tasks.py:make_task
+_TASKS = ("arith_tool", "math", "style_switch", "tir_math")  # sao_jax/tasks.py:make_task
 _KV_ON_UPDATE = ("keep", "recompute")  # rollout/worker.py:RolloutWorker
 _BACKENDS = ("thread", "ray")  # rollout.backend: TrajectorySource implementations
 _CPU_COLLECTIVES = ("gloo", "mpi", "")  # jax_cpu_collectives_implementation; "" = JAX's default
@@ -241,6 +245,10 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
       ("rollout.env_workers", lambda v: v >= -1,
        "must be >= -1 (-1 = auto, 0 = inline env.step, N = N env threads)", "use -1"),
       ("rollout.num_workers", lambda v: v >= 1, "must be >= 1 (rollout workers)", "use 1"),
+      ("task.tool_wall_s", lambda v: 0 < v and v + 5 <= flat.get("rollout.env_timeout_s", 30.0),
+       "must be > 0 and at least 5 s below rollout.env_timeout_s (sandbox start-up and teardown "
+       "included), or a slow program fails the trajectory as an env timeout",
+       "lower task.tool_wall_s or raise rollout.env_timeout_s", ("rollout.env_timeout_s",)),
       ("task.tool_latency_median_s", nonneg, "must be >= 0 seconds (0 = no tool latency)",
        "use 0 (off) or e.g. 0.2"),
       ("task.tool_latency_sigma", nonneg, "must be >= 0 (log-std of the lognormal latency)",
