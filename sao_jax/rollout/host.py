@@ -134,7 +134,8 @@ class RolloutHost:
         lambda t: self.queue.put(t, self.stop_event), self.store, stop_ids=self.task.stop_ids,
         max_new_tokens=r.max_new_tokens, max_seq_len=config.model.max_seq_len,
         seed=config.seed + host_index, kv_on_update=r.get("kv_on_update", "keep"),
-        admission=admission, env_workers=env_workers_for(config))
+        admission=admission, env_workers=env_workers_for(config),
+        stop_strings=self.task.stop_strings)
     self.jetstream_server = None
     self.rl_server = None
     self._threads: list[threading.Thread] = []

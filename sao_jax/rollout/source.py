@@ -137,7 +137,7 @@ class ThreadSource:
     env: the (guarded) multi-turn environment.
     ledger: the ``PromptLedger`` (fresh, or restored from a checkpoint).
     params / version: the weights the worker starts with.
-    stop_ids, max_new_tokens, max_seq_len, temperature: as ``RolloutWorker``.
+    stop_ids, stop_strings, max_new_tokens, max_seq_len, temperature: as ``RolloutWorker``.
     batch_size: trajectories per policy step (admission control and the grpo_sync barrier).
     group_size: rollouts per prompt (1 = SAO's single rollout).
     synchronous: the grpo_sync barrier (batch n+1 admitted only after step n is published).
@@ -155,7 +155,7 @@ class ThreadSource:
                group_size: int = 1, synchronous: bool = False, queue_size: int = 64,
                staleness_policy: str = "none", max_staleness: int = -1,
                kv_on_update: str = "keep", env_workers: int = 0, seed: int = 0,
-               lockstep: bool = False, run_dir: str = ""):
+               lockstep: bool = False, run_dir: str = "", stop_strings=()):
     staleness.check_policy(staleness_policy, max_staleness)
     if lockstep and group_size > 1:
       raise ValueError("rollout.lockstep=True supports one rollout per prompt only; set "
@@ -163,7 +163,8 @@ class ThreadSource:
     self.engine, self.env, self.ledger = engine, env, ledger
     self.group_size, self.batch_size, self.run_dir = group_size, batch_size, run_dir
     self.lockstep, self.seed, self.temperature = lockstep, seed, temperature
-    self._gen = dict(stop_ids=stop_ids, max_new_tokens=max_new_tokens, max_seq_len=max_seq_len)
+    self._gen = dict(stop_ids=stop_ids, max_new_tokens=max_new_tokens, max_seq_len=max_seq_len,
+                     stop_strings=tuple(stop_strings))
     self.weights = WeightStore(params, version=version)
     self.drop_eta = max_staleness if "drop" in staleness_policy else -1
     self.admission = (staleness.AdmissionControl(max_staleness, batch_size)

@@ -418,16 +418,20 @@ class RolloutWorker:
 
 def env_workers_for(config) -> int:
   """Resolves ``rollout.env_workers``: N >= 0 as given; -1 (auto) = ``rollout.slots`` when
-  the task has a tool latency (``task.tool_latency_median_s`` > 0), else 0 (inline)."""
+  the task's tool is slow (``task.tool_latency_median_s`` > 0, or the sandboxed Python of
+  ``tir_math``), else 0 (inline)."""
   n = int(config.rollout.get("env_workers", -1))
   if n >= 0:
     return n
-  return int(config.rollout.slots) if config.task.get("tool_latency_median_s", 0.0) > 0 else 0
+  slow = (config.task.get("tool_latency_median_s", 0.0) > 0
+          or config.task.get("name", "") == "tir_math")
+  return int(config.rollout.slots) if slow else 0
 
 
 def generate_trajectories(engine: SAOEngine, env, params, problems, *, stop_ids,
                           max_new_tokens: int, max_seq_len: int, temperature: float,
-                          version: int = 0, seed: int = 0) -> list[Trajectory]:
+                          version: int = 0, seed: int = 0, stop_strings=(),
+                          env_workers: int = 0) -> list[Trajectory]:
   """Synchronously rolls out every problem once (e.g. greedy evaluation, temperature=0).
 
   Returns the trajectories in the order of ``problems``."""
@@ -435,7 +439,8 @@ def generate_trajectories(engine: SAOEngine, env, params, problems, *, stop_ids,
   worker = RolloutWorker(engine, env, iter(problems), lambda t: out.append(t) or True,
                          WeightStore(params, version), stop_ids=stop_ids,
                          max_new_tokens=max_new_tokens, max_seq_len=max_seq_len,
-                         temperature=temperature, seed=seed)
+                         temperature=temperature, seed=seed, stop_strings=stop_strings,
+                         env_workers=env_workers)
   worker.run()
   order = {getattr(p, "id", i): i for i, p in enumerate(problems)}
   return sorted(out, key=lambda t: order.get(t.problem_id, 0))

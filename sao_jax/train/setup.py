@@ -129,7 +129,8 @@ def make_source(config, task, policy: Policy, params, version: int, ledger: Prom
       staleness_policy=config.rollout.get("staleness_policy", "none"),
       max_staleness=config.rollout.get("max_staleness", -1),
       kv_on_update=config.rollout.get("kv_on_update", "keep"), env_workers=env_workers,
-      seed=seed, lockstep=config.rollout.get("lockstep", False), run_dir=run_dir)
+      seed=seed, lockstep=config.rollout.get("lockstep", False), run_dir=run_dir,
+      stop_strings=task.stop_strings)
 
 
 def evaluate(engine, task, params, problems, config, version: int = 0) -> dict:
@@ -138,7 +139,8 @@ def evaluate(engine, task, params, problems, config, version: int = 0) -> dict:
   trajs = generate_trajectories(engine, env, params, problems, stop_ids=task.stop_ids,
                                 max_new_tokens=config.rollout.max_new_tokens,
                                 max_seq_len=config.model.max_seq_len, temperature=0.0,
-                                version=version)
+                                version=version, stop_strings=task.stop_strings,
+                                env_workers=env_workers_for(config))
   rewards = np.array([t.reward for t in trajs], np.float64)
   return {"accuracy": float(rewards.mean()) if rewards.size else 0.0,
           "tool_use": float(np.mean([t.info.get("tool_calls", 0) > 0 for t in trajs])),
