@@ -18,7 +18,8 @@ from sao_jax.envs.base import EnvStep
 from sao_jax.envs.guard import EnvTimeout, GuardedEnv
 from sao_jax.train import optim
 from sao_jax.train.checkpoint import Checkpointer, CheckpointError
-from sao_jax.train.resume import NonFiniteError, NonFiniteGuard, PromptLedger, truncate_jsonl
+from sao_jax.rollout.ledger import PromptLedger
+from sao_jax.train.resume import NonFiniteError, NonFiniteGuard, truncate_jsonl
 
 P = Problem("p1", "Compute 1+1.", "2")
 
@@ -132,20 +133,23 @@ def test_full_disk_on_checkpoint_is_a_clear_error_and_the_previous_one_survives(
 def test_ledger_stream_skips_consumed_and_refuses_double_counting():
   problems = [Problem(f"q{i}", "x", "1") for i in range(5)]
   led = PromptLedger(problems, seed=3)
-  it = led.iterator()
-  first = [next(it) for _ in range(4)]
-  assert sorted(p.id for p in first) == sorted(f"q{i}" for i in np.random.default_rng(
-      [3, 0]).permutation(5)[:4])
-  assert led.consume([first[1].id, first[0].id]) == [1, 0]
+  first = led.take(4)
+  assert [h.position for h in first] == [0, 1, 2, 3]
+  assert [h.id for h in first] == [f"q{i}" for i in np.random.default_rng(
+      [3, 0]).permutation(5)[:4]]
+  led.consume([1, 0])
   with pytest.raises(ValueError, match="consumed twice"):
-    led.consume([first[0].id])
-  led.consume([first[3].id])
+    led.consume([0])
+  with pytest.raises(ValueError, match="never handed out"):
+    led.consume([7])
+  led.consume([3])
   state = led.state()
   assert state == {"low": 2, "extra": [3], "seed": 3}
   # after a crash: positions 2 (in flight) and 4.. are handed out again, 3 is not
-  again = PromptLedger.from_state(problems, state).iterator()
-  assert [next(again).id for _ in range(3)] == [first[2].id, led.problem_at(4).id,
-                                                 led.problem_at(5).id]
+  again = PromptLedger.from_state(problems, state)
+  assert [h.position for h in again.take(3)] == [2, 4, 5]
+  assert [h.id for h in again.take(0)] == []
+  assert PromptLedger.from_state(problems, state).take(1)[0].id == first[2].id
 
 
 def test_truncate_jsonl_drops_later_steps_and_a_torn_line(tmp_path):

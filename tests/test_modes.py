@@ -1,6 +1,7 @@
 """Every training mode runs the CPU task end to end (subprocess, tiny model), grpo_sync really
 waits at the batch barrier and sao really does not; mode plumbing unit tests."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -9,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from sao_jax.rollout import source, staleness
+from sao_jax.rollout.ledger import PromptLedger
 from sao_jax.rollout.trajectory import Trajectory
 from sao_jax.train import modes
 from sao_jax.train.baselines import RunningMeanBaseline
@@ -92,12 +95,13 @@ def test_sao_and_grpo_async_do_not_wait(mode_runs):
 # ---- plumbing --------------------------------------------------------------------------------
 
 
-def _traj(pid, reward=0.0, versions=(0,)):
+def _traj(pid, reward=0.0, versions=(0,), position=-1):
   n = len(versions)
   return Trajectory(problem_id=pid, tokens=np.zeros(n + 1, np.int32),
                     action_mask=np.r_[0.0, np.ones(n)].astype(np.float32),
                     logprobs=np.zeros(n + 1, np.float32),
-                    policy_version=np.r_[-1, versions].astype(np.int32), reward=reward)
+                    policy_version=np.r_[-1, versions].astype(np.int32), reward=reward,
+                    prompt_position=position)
 
 
 def test_resolve_defaults_and_errors():
@@ -119,22 +123,24 @@ def test_resolve_defaults_and_errors():
 
 
 def test_groups_gate_and_staleness():
+  """The source's group plumbing: each hand-out repeated G times keeps its ledger position,
+  the gate hands out only what was released, the collector groups by position."""
   from sao_jax.data.jsonl import Problem  # pylint: disable=import-outside-toplevel
-  probs = iter([Problem("a", "p", "1"), Problem("b", "q", "2")])
-  ids = [p.id for p in modes.repeat_groups(probs, 3)]
-  assert ids == ["a#g0"] * 3 + ["b#g1"] * 3
-  assert modes.prompt_key("a#g0") == "a"
-  gate = modes.GatedProblems(iter(range(10)))
+  ledger = PromptLedger([Problem("a", "p", "1"), Problem("b", "q", "2")], seed=0)
+  members = list(itertools.islice(source.repeat_groups(ledger, 3), 6))
+  assert [h.position for h in members] == [0, 0, 0, 1, 1, 1]
+  assert len({h.id for h in members[:3]}) == 1
+  gate = source.GatedProblems(iter(range(10)))
   assert next(gate) is None
   gate.release(2)
   assert [next(gate), next(gate), next(gate)] == [0, 1, None]
-  col = modes.GroupCollector(2)
-  assert col.add(_traj("x")) == [] and col.add(_traj("y")) == [] and col.pending == 2
-  done = col.add(_traj("x"))
-  assert len(done) == 1 and [t.problem_id for t in done[0]] == ["x", "x"] and col.pending == 1
-  assert not modes.too_stale([_traj("x", versions=(3, 5))], 7, 4)
-  assert modes.too_stale([_traj("x", versions=(2, 5))], 7, 4)
-  assert not modes.too_stale([_traj("x", versions=(0,))], 99, -1)
+  col = source.GroupCollector(2)
+  assert col.add(_traj("x", position=4)) == [] and col.add(_traj("y", position=5)) == []
+  assert col.pending == 2
+  done = col.add(_traj("x", position=4))
+  assert len(done) == 1 and [t.prompt_position for t in done[0]] == [4, 4] and col.pending == 1
+  assert not staleness.is_too_stale(_traj("x", versions=(3, 5)), 7, 4)
+  assert staleness.is_too_stale(_traj("x", versions=(2, 5)), 7, 4)
 
 
 def test_running_mean_baselines():
