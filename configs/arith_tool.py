@@ -98,6 +98,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.lam_critic = 1.0        # GAE lambda of the critic's returns (paper: 1.0, Monte Carlo)
   c.train.value_clip_eps = 0.0    # PPO-style value clipping half-width (0 = off; algo/value_loss)
   c.train.max_grad_norm = 1.0     # global-norm gradient clipping
+  c.train.adam_eps = 1e-8         # Adam's denominator epsilon, policy and critic (optax default)
   c.train.ppo_eps_low = 0.2       # PPO-family clip band 1-ppo_eps_low .. 1+ppo_eps_high (clip-higher)
   c.train.ppo_eps_high = 0.28      # upper PPO clip (DAPO clip-higher: 0.28 > ppo_eps_low)
   c.train.dual_clip = 0.0         # PPO dual-clip constant c > 1 for A < 0 (0 = off)

@@ -21,8 +21,10 @@ from jax.experimental import multihost_utils  # noqa: E402
 
 from sao_jax.train import distributed, sharding  # noqa: E402
 from sao_jax.train.checkpoint import Checkpointer  # noqa: E402
+from sao_jax.train.distributed import process_rows  # noqa: E402
+from sao_jax.train.learner import Learner  # noqa: E402
 import sharding_helpers as H  # noqa: E402
-from sharding_helpers import SAO_CFG, STEPS, flat  # noqa: E402
+from sharding_helpers import STEPS, flat  # noqa: E402
 
 
 def main(pid: int, port: int, ckpt_dir: str, out: str) -> None:
@@ -31,18 +33,18 @@ def main(pid: int, port: int, ckpt_dir: str, out: str) -> None:
   assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
   pg, pp, cg, cp = H.make_models()
   mesh = sharding.make_mesh({"data": 2, "fsdp": -1})
-  tr = distributed.ShardedSAOTrainer(SAO_CFG, pg, pp, cg, cp, pad_id=0, mesh=mesh, batch_size=16)
-  rows = tr.local_rows()
+  tr = Learner(H.learner_config("sao", policy_lr=1e-5, critic_lr=1e-5), pg, pp, cg, cp,
+               pad_id=0, vocab_size=64, mesh=mesh)
+  rows = process_rows(tr.batch_sharding, 16)
   losses = []
   for s in range(STEPS):
-    trajs = H.make_trajectories(H.make_batch(pg, pp, rows=16, seed=20 + s, version=s))
-    m = tr.step([trajs[i] for i in rows], policy_version=s)
+    trajs = H.make_trajectories(pg, pp, seed=20 + s, version=s)
+    m = tr.train_step([trajs[i] for i in rows], policy_version=s)
     losses.append([m["policy_loss"], m["value_loss"]])
   ck = Checkpointer(ckpt_dir)
-  ck.save(STEPS, {"policy": tr.policy, "critic": tr.critic})
+  ck.save(STEPS, tr.states())
   ck.wait()
-  restored = ck.restore({"policy": sharding.abstract_like(tr.policy, tr.policy_sh.state),
-                         "critic": sharding.abstract_like(tr.critic, tr.critic_sh.state)})
+  restored = ck.restore(tr.restore_target())
   ck.close()
   gather = lambda t: multihost_utils.process_allgather(t, tiled=True)
   policy, critic = gather(tr.policy.params), gather(tr.critic.params)

@@ -1,12 +1,15 @@
-"""Subprocess worker of tests/test_sharding.py (needs XLA_FLAGS set before JAX starts).
+"""Subprocess worker of tests/test_sharding.py (XLA_FLAGS gives 8 CPU devices before JAX starts).
 
-``python tests/sharding_worker.py layouts OUT.json [DIR SAVE.json]``: for each mesh layout, one
-policy step and one critic step sharded vs on one device; writes losses, max abs diffs,
-per-device byte fractions and compile counts (then, with DIR, the ``save`` run below in the same process).
-
-``python tests/sharding_worker.py save DIR OUT.json`` (8 devices, fsdp=8): 2 steps, orbax save,
-then 2 more steps, recording their losses. ``python tests/sharding_worker.py restore DIR
-'{"fsdp": 2, "tensor": 2}' OUT.json``: restore into that mesh and run the same 2 steps.
+With the one ``Learner``:
+``python tests/sharding_worker.py modes OUT.json``: every mode (sao, vapo, grpo_async, grpo_sync)
+for 3 steps with the real Qwen3-MoE model on one device, on ``fsdp=-1`` and on
+``fsdp=2,tensor=2,expert=2`` (losses, params), and layout facts (bytes per device, the expert
+weights' spec, compile counts).
+``python tests/sharding_worker.py fields OUT.json CKPT``: each objective / estimator field set on
+``fsdp=-1`` and on one device (the second step's losses, and the default setting's), then a
+checkpoint saved on fsdp=8 after 2 steps, and the losses of 2 more steps.
+``python tests/sharding_worker.py restore CKPT '{"fsdp": 2, "tensor": 2}' OUT.json``: restore into
+that mesh and run the same 2 steps.
 """
 
 from __future__ import annotations
@@ -19,178 +22,140 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sao_jax.train import distributed, optim, sharding, steps  # noqa: E402
+from sao_jax.train import modes as modes_lib, sharding  # noqa: E402
 from sao_jax.train.checkpoint import Checkpointer  # noqa: E402
-from sao_jax.train.sao import SAOConfig  # noqa: E402
+from sao_jax.train.learner import Learner  # noqa: E402
 import sharding_helpers as H  # noqa: E402
 
-EPS_LOW, EPS_HIGH = 0.3, 5.0
+LAYOUTS = {"one device": None, "fsdp=-1": {"fsdp": -1},
+           "fsdp=2,tensor=2,expert=2": {"fsdp": 2, "tensor": 2, "expert": 2}}
+# field -> (train overrides): each changes the loss away from its mode's default
+FIELDS = {
+    "entropy_coef": dict(entropy_coef=0.1),
+    "kl_coef": dict(kl_coef=0.5),
+    "aggregation": dict(aggregation="seq_mean"),
+    "dual_clip": dict(mode="vapo", dual_clip=1.5),
+    "tis_cap": dict(mode="vapo", objective="tis", tis_cap=0.5),
+    "eps_low": dict(eps_low=0.05),
+    "advantage_estimator=step_gae_last": dict(advantage_estimator="step_gae_last"),
+    "advantage_estimator=running_mean_prompt": dict(advantage_estimator="running_mean_prompt"),
+    "value_clip_eps": dict(value_clip_eps=1e-3),
+    "lam_critic": dict(lam_critic=0.5),
+    "bootstrap_truncated": dict(bootstrap_truncated=True),
+}
+ADAM = dict(adam_eps=1e-5)  # keeps Adam from amplifying reduction-order noise on ~0 gradients
 
 
-def _txs(pp, cp):
-  """AdamW at lr 1e-3 with eps 1e-5: with the default eps 1e-8 Adam's first step
-  g / (|g| + eps) turns float32 reduction-order noise on near-zero gradients (|g| ~ 1e-8) into
-  parameter differences of up to ~lr; eps 1e-5 keeps the comparison about the sharding."""
-  ptx = optim.make_optimizer(pp, lr=1e-3, max_grad_norm=1.0, eps=1e-5)
-  ctx = optim.make_optimizer(cp, lr=1e-3, max_grad_norm=1.0, eps=1e-5,
-                             frozen_patterns=(r"/attn/",))
-  return ptx, ctx
-
-
-def _critic_batch(cg, cp, batch):
-  adv = steps.make_advantage_fn(cg, gamma=1.0, lam_policy="adaptive")(cp, batch)
-  return dict(batch, **adv)
-
-
-def _fractions(tree, n_devices):
-  per_dev = sharding.bytes_per_device(tree)
-  total = sharding.total_bytes(tree)
-  assert len(per_dev) == n_devices, (len(per_dev), n_devices)
-  return max(per_dev.values()) / total
-
-
-_REFERENCE = {}
-
-
-def reference(moe):
-  """Single-device reference (no shardings, no micro-batches), computed once per model."""
-  if moe not in _REFERENCE:
-    pg, pp, cg, cp = H.make_models(moe=moe)
-    ptx, ctx = _txs(pp, cp)
-    host = H.make_batch(pg, pp, rows=16)
-    batch = _critic_batch(cg, cp, {k: jnp.asarray(v) for k, v in host.items()})
-    pol_ref = steps.make_policy_step(pg, ptx, eps_low=EPS_LOW, eps_high=EPS_HIGH)
-    cri_ref = steps.make_critic_step(cg, ctx)
-    copy = lambda t: jax.tree.map(jnp.copy, t)  # the steps donate their state
-    p_ref, pm_ref = pol_ref(steps.TrainState.create(copy(pp), ptx), batch)
-    c_ref, cm_ref = cri_ref(steps.TrainState.create(copy(cp), ctx), batch)
-    _REFERENCE[moe] = (batch, p_ref, pm_ref, c_ref, cm_ref)
-  return _REFERENCE[moe]
-
-
-def run_layout(name, shape, moe, microbatches):
+def learner(mode, shape, moe, **train):
   pg, pp, cg, cp = H.make_models(moe=moe)
-  ptx, ctx = _txs(pp, cp)
-  host = H.make_batch(pg, pp, rows=16)
-  host2 = H.make_batch(pg, pp, rows=16, seed=1)
-  batch, p_ref, pm_ref, c_ref, cm_ref = reference(moe)
-
-  mesh = sharding.make_mesh(shape)
-  psh = sharding.make_step_shardings(mesh, pp, ptx)
-  csh = sharding.make_step_shardings(mesh, cp, ctx)
-  create = lambda p, tx, sh: jax.jit(lambda q: steps.TrainState.create(q, tx),
-                                     out_shardings=sh.state)(distributed.put_global(p, sh.params))
-  p_state, c_state = create(pp, ptx, psh), create(cp, ctx, csh)
-  adv = steps.make_advantage_fn(cg, gamma=1.0, lam_policy="adaptive", shardings=csh)
-  pol = steps.make_policy_step(pg, ptx, eps_low=EPS_LOW, eps_high=EPS_HIGH, shardings=psh,
-                               microbatches=microbatches)
-  cri = steps.make_critic_step(cg, ctx, shardings=csh, microbatches=microbatches)
-  sb = jax.device_put(host, psh.batch)
-  sb = dict(sb, **adv(c_state.params, sb))
-  p_state, pm = pol(p_state, sb)
-  c_state, cm = cri(c_state, sb)
-  out = {
-      "layout": name, "devices": int(mesh.size), "microbatches": microbatches,
-      "policy_loss": float(pm["policy_loss"]), "policy_loss_ref": float(pm_ref["policy_loss"]),
-      "value_loss": float(cm["value_loss"]), "value_loss_ref": float(cm_ref["value_loss"]),
-      "masked_fraction": float(pm["masked_fraction"]),
-      "masked_fraction_ref": float(pm_ref["masked_fraction"]),
-      "grad_norm": float(pm["policy_grad_norm"]), "grad_norm_ref": float(pm_ref["policy_grad_norm"]),
-      "critic_grad_norm": float(cm["critic_grad_norm"]),
-      "critic_grad_norm_ref": float(cm_ref["critic_grad_norm"]),
-      "advantages_diff": H.max_abs_diff(sb["advantages"], batch["advantages"]),
-      "policy_params_diff": H.max_abs_diff(p_state.params, p_ref.params),
-      "policy_opt_diff": H.max_abs_diff(p_state.opt_state, p_ref.opt_state),
-      "critic_params_diff": H.max_abs_diff(c_state.params, c_ref.params),
-      "critic_opt_diff": H.max_abs_diff(c_state.opt_state, c_ref.opt_state),
-      "policy_update_max": H.max_abs_diff(p_ref.params, pp),
-      "policy_params_fraction": _fractions(p_state.params, mesh.size),
-      "policy_opt_fraction": _fractions(p_state.opt_state, mesh.size),
-      "critic_params_fraction": _fractions(c_state.params, mesh.size),
-      "critic_opt_fraction": _fractions(c_state.opt_state, mesh.size),
-      "expert_spec": (str(psh.params["layers"][0]["moe"]["gate_proj"].spec) if moe else ""),
-  }
-  # more steps on new data: no recompilation
-  sb2 = jax.device_put(host2, psh.batch)
-  sb2 = dict(sb2, **adv(c_state.params, sb2))
-  for _ in range(2):
-    p_state, _ = pol(p_state, sb2)
-    c_state, _ = cri(c_state, sb2)
-  out["compiles"] = {"policy": pol._cache_size(), "critic": cri._cache_size(),  # pylint: disable=protected-access
-                     "advantages": adv._cache_size()}  # pylint: disable=protected-access
-  return out
+  mesh = sharding.make_mesh(shape) if shape else None
+  cfg = H.learner_config(mode, **{**ADAM, **train})
+  return pg, pp, Learner(cfg, pg, pp, cg, cp, pad_id=0, vocab_size=64, mesh=mesh)
 
 
-def layouts(out_path):
-  assert jax.device_count() == 8, jax.devices()
-  res = [run_layout("data=8", {"data": 8}, False, 1),
-         run_layout("fsdp=8 (2 micro-batches)", {"fsdp": 8}, False, 2),
-         run_layout("fsdp=2 x tensor=2 x expert=2 (MoE)",
-                    {"fsdp": 2, "tensor": 2, "expert": 2}, True, 1)]
-  json.dump(res, open(out_path, "w"), indent=1)
-
-
-SAO_CFG = SAOConfig(policy_lr=1e-3, critic_lr=1e-3, critic_lr_warmup_steps=0, batch_length=32)
-
-
-def _trainer(shape):
-  pg, pp, cg, cp = H.make_models()
-  mesh = sharding.make_mesh(shape)
-  return pg, pp, distributed.ShardedSAOTrainer(SAO_CFG, pg, pp, cg, cp, pad_id=0, mesh=mesh,
-                                               batch_size=16)
-
-
-def _run_steps(trainer, pg, pp, seeds, first_version):
+def run_steps(lr, pg, pp, seeds, first_version, group_size=1):
   losses = []
   for i, s in enumerate(seeds):
-    host = H.make_batch(pg, pp, rows=16, seed=s, version=first_version + i)
-    m = trainer.step_on_batch(trainer.global_batch({k: v[trainer.local_rows()]
-                                                    for k, v in host.items()}),
-                              first_version + i)
-    losses.append([m["policy_loss"], m["value_loss"]])
+    trajs = H.make_trajectories(pg, pp, seed=s, version=first_version + i, group_size=group_size)
+    m = lr.train_step(trajs, first_version + i)
+    losses.append([m["policy_loss"], m.get("value_loss", 0.0)])
   return losses
 
 
-def save(ckpt_dir, out_path):
-  pg, pp, tr = _trainer({"fsdp": 8})
-  _run_steps(tr, pg, pp, [10, 11], 0)
+def fraction(tree, n):
+  per = sharding.bytes_per_device(tree)
+  assert len(per) == n, (len(per), n)
+  return max(per.values()) / sharding.total_bytes(tree)
+
+
+def modes_and_layouts():
+  out, facts = {}, {}
+  for mode in modes_lib.MODES:
+    g = 4 if mode.startswith("grpo") else 1
+    for name, shape in LAYOUTS.items():
+      pg, pp, lr = learner(mode, shape, True)
+      losses = run_steps(lr, pg, pp, [20, 21, 22], 0, group_size=g)
+      params = H.flat(jax.device_get(lr.policy.params), "policy")
+      if lr.uses_critic:
+        params.update(H.flat(jax.device_get(lr.critic.params), "critic"))
+      out[(mode, name)] = (losses, params)
+      if mode == "sao" and shape:
+        n = lr.mesh.size
+        facts[name] = {
+            "devices": int(n), "compiles": lr.compilations(),
+            "policy_params_fraction": fraction(lr.policy.params, n),
+            "policy_opt_fraction": fraction(lr.policy.opt_state, n),
+            "critic_params_fraction": fraction(lr.critic.params, n),
+            "critic_opt_fraction": fraction(lr.critic.opt_state, n),
+            "expert_spec": str(lr.policy_sh.params["layers"][0]["mlp"]["gate_proj"].spec)}
+  res = {}
+  for mode in modes_lib.MODES:
+    ref_losses, ref_params = out[(mode, "one device")]
+    for name in LAYOUTS:
+      losses, params = out[(mode, name)]
+      res[f"{mode} / {name}"] = {
+          "losses": losses, "losses_ref": ref_losses,
+          "params_diff": max(float(np.abs(params[k] - ref_params[k]).max()) for k in params),
+          "params_moved": max(float(np.abs(params[k] - v).max()) for k, v in
+                              H.flat(H.make_models(moe=True)[1], "policy").items())}
+  return res, facts
+
+
+def fields():
+  res = {}
+  base = {}
+  for key, train in [("default sao", {}), ("default vapo", dict(mode="vapo")), *FIELDS.items()]:
+    mode = train.pop("mode", "sao")
+    row = {}
+    for name in ("one device", "fsdp=-1"):
+      pg, pp, lr = learner(mode, LAYOUTS[name], False, **train)
+      trajs = H.make_trajectories(pg, pp, seed=5)
+      lr.train_step(trajs, 0)  # the running-mean window fills; the next step reads it
+      m = lr.train_step(H.make_trajectories(pg, pp, seed=5), 1)
+      row[name] = [m["policy_loss"], m.get("value_loss", 0.0), m["advantage_mean"]]
+    if key.startswith("default"):
+      base[mode] = row["one device"]
+    row["default"] = base[mode]
+    res[key] = row
+  return res
+
+
+def save(ckpt_dir):
+  pg, pp, lr = learner("sao", {"fsdp": 8}, False)
+  run_steps(lr, pg, pp, [10, 11], 0)
   ck = Checkpointer(ckpt_dir)
-  ck.save(2, {"policy": tr.policy, "critic": tr.critic})
+  ck.save(2, lr.states())
   ck.close()
-  after = _run_steps(tr, pg, pp, [12, 13], 2)
-  json.dump({"losses": after, "params": np.asarray(tr.policy.params["embed"]["embedding"]).tolist()},
-            open(out_path, "w"))
+  after = run_steps(lr, pg, pp, [12, 13], 2)
+  return {"losses": after,
+          "params": np.asarray(jax.device_get(lr.policy.params["embed"]["embedding"])).tolist()}
 
 
 def restore(ckpt_dir, shape_json, out_path):
-  pg, pp, tr = _trainer(json.loads(shape_json))
-  target = {"policy": sharding.abstract_like(tr.policy, tr.policy_sh.state),
-            "critic": sharding.abstract_like(tr.critic, tr.critic_sh.state)}
+  pg, pp, lr = learner("sao", json.loads(shape_json), False)
   ck = Checkpointer(ckpt_dir)
-  state = ck.restore(target)
+  lr.load_states(ck.restore(lr.restore_target()))
   ck.close()
-  tr.policy, tr.critic = state["policy"], state["critic"]
-  restored_step = int(tr.policy.step)
-  spec = str(tr.policy.params["layers"][0]["mlp"]["gate_proj"]["kernel"].sharding.spec)
-  after = _run_steps(tr, pg, pp, [12, 13], 2)
-  json.dump({"losses": after, "devices": jax.device_count(), "spec": spec,
-             "restored_step": restored_step,
-             "params": np.asarray(tr.policy.params["embed"]["embedding"]).tolist()},
+  spec = str(lr.policy.params["layers"][0]["mlp"]["gate_proj"]["kernel"].sharding.spec)
+  step = int(lr.policy.step)
+  after = run_steps(lr, pg, pp, [12, 13], 2)
+  json.dump({"losses": after, "devices": jax.device_count(), "spec": spec, "restored_step": step,
+             "params": np.asarray(jax.device_get(lr.policy.params["embed"]["embedding"])).tolist()},
             open(out_path, "w"))
 
 
 if __name__ == "__main__":
-  mode = sys.argv[1]
-  if mode == "layouts":  # layouts OUT.json [CKPT_DIR SAVE.json]
-    layouts(sys.argv[2])
-    if len(sys.argv) > 3:
-      save(sys.argv[3], sys.argv[4])
-  elif mode == "save":
-    save(sys.argv[2], sys.argv[3])
-  elif mode == "restore":
+  if sys.argv[1] in ("modes", "fields"):
+    assert jax.device_count() == 8, jax.devices()
+    if sys.argv[1] == "modes":
+      res, facts = modes_and_layouts()
+      out = {"modes": res, "layouts": facts}
+    else:
+      out = {"fields": fields(), "save": save(sys.argv[3])}
+    json.dump(out, open(sys.argv[2], "w"), indent=1)
+  elif sys.argv[1] == "restore":
     restore(sys.argv[2], sys.argv[3], sys.argv[4])
   else:
-    raise SystemExit(f"unknown mode {mode}")
+    raise SystemExit(f"unknown mode {sys.argv[1]}")

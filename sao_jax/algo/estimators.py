@@ -19,7 +19,6 @@ learner passes their baseline per row, and the kernel here subtracts it.
 """
 
 import dataclasses
-import functools
 from typing import Callable, Optional, Tuple
 
 import chex
@@ -258,10 +257,10 @@ ESTIMATORS = {
     # ablation: GAE through observation tokens
     'naive_gae': Estimator(naive_token_gae, uses_critic=True, values_on_span=True),
     # SAO appendix: one value per turn (mean / last token of the turn)
-    'step_gae_mean': Estimator(functools.partial(step_level_gae, value_reduction='mean'),
-                               uses_critic=True),
-    'step_gae_last': Estimator(functools.partial(step_level_gae, value_reduction='last'),
-                               uses_critic=True),
+    'step_gae_mean': Estimator(lambda r, v, m, g, l, b=None: step_level_gae(
+        r, v, m, g, l, 'mean', b), uses_critic=True),
+    'step_gae_last': Estimator(lambda r, v, m, g, l, b=None: step_level_gae(
+        r, v, m, g, l, 'last', b), uses_critic=True),
     # DeepSeekMath GRPO / Dr. GRPO (no std division)
     'grpo': Estimator(_row_estimator(lambda r, g, b, eps: group_normalized_advantages(
         r, g, True, eps)), uses_critic=False, needs_groups=True),

@@ -63,6 +63,7 @@ class LearnerConfig:
   critic_lr: float
   critic_lr_warmup_steps: int
   max_grad_norm: float
+  adam_eps: float
   critic_frozen_patterns: tuple
   value_clip_eps: float
   temperature: float
@@ -97,7 +98,7 @@ class LearnerConfig:
         global_baseline_window=t["global_baseline_window"],
         critic_updates_per_step=t["critic_updates_per_step"], policy_lr=t["policy_lr"],
         critic_lr=t["critic_lr"], critic_lr_warmup_steps=t["critic_lr_warmup_steps"],
-        max_grad_norm=t["max_grad_norm"],
+        max_grad_norm=t["max_grad_norm"], adam_eps=t["adam_eps"],
         critic_frozen_patterns=(tuple(t["critic_frozen_patterns"])
                                 if t["freeze_critic_attention"] else ()),
         value_clip_eps=t["value_clip_eps"], temperature=config.rollout.temperature,
@@ -156,14 +157,14 @@ class Learner:
           cfg.baseline_window if est.baseline_window == "prompt" else cfg.global_baseline_window,
           per_key=est.baseline_window == "prompt")
     self.policy_tx = optim.make_optimizer(policy_params, lr=cfg.policy_lr,
-                                          max_grad_norm=cfg.max_grad_norm)
+                                          max_grad_norm=cfg.max_grad_norm, eps=cfg.adam_eps)
     self.policy_sh = sharding.make_step_shardings(self.mesh, policy_params, self.policy_tx)
     self.policy = self._init_state(policy_params, self.policy_tx, self.policy_sh)
     self.critic = self.critic_tx = self.critic_sh = None
     if self.uses_critic:
       # the critic's lr warm-up is counted in policy steps (K optimizer updates per step)
       self.critic_tx = optim.make_optimizer(
-          critic_params, lr=cfg.critic_lr, max_grad_norm=cfg.max_grad_norm,
+          critic_params, lr=cfg.critic_lr, max_grad_norm=cfg.max_grad_norm, eps=cfg.adam_eps,
           warmup_steps=cfg.critic_lr_warmup_steps * cfg.critic_updates_per_step,
           frozen_patterns=cfg.critic_frozen_patterns)
       self.critic_sh = sharding.make_step_shardings(self.mesh, critic_params, self.critic_tx)

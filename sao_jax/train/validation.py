@@ -223,6 +223,7 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
       ("train.value_clip_eps", nonneg, "must be >= 0 (0 = no value clipping)",
        "use 0.0 (off) or e.g. 0.2"),
       ("train.max_grad_norm", pos, "must be > 0", "use 1.0"),
+      ("train.adam_eps", pos, "must be > 0 (Adam's denominator epsilon)", "use 1e-8"),
       ("train.lam_policy", _lam_policy_ok, "must be 'adaptive' or a number in [0, 1] (the CLI "
        "gives a number as a string, e.g. '0.95', which is fine)", "use 'adaptive'"),
       ("train.baseline_window", lambda v: v >= 1, "must be >= 1 (rewards per prompt)", "use 8"),
