@@ -21,6 +21,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXTRA_KEYS: dict[str, tuple] = {
     "task.train_file": (str,),
     "task.switch_every": (int,),  # style_switch: policy steps per preferred-style phase
+    "task.chain_lengths": (tuple,),  # chain_tool: calculator calls a problem needs
+    "task.chain_weights": (tuple,),  # chain_tool: their probabilities
+    "sft.reliable_calls": (int,),  # chain_tool: calls every demonstration makes
     "train.max_consecutive_nonfinite": (int,),
     "rollout.env_timeout_s": (int, float),
     "rollout.lockstep": (bool,),
@@ -29,7 +32,7 @@ EXTRA_KEYS: dict[str, tuple] = {
     "mesh": (dict,),
 }
 _DTYPES = ("float32", "bfloat16", "float16")
-_TASKS = ("arith_tool", "math", "style_switch")
+_TASKS = ("arith_tool", "chain_tool", "math", "style_switch")
 
 
 class ConfigError(ValueError):
@@ -113,8 +116,8 @@ def _rules(flat: dict, num_devices: int) -> list[tuple[str, Callable[[Any], bool
       ("task.tool_latency_sigma", nonneg, "must be >= 0 (log-std of the lognormal latency)",
        "use e.g. 1.0"),
       ("task.tool_latency_median_s",
-       lambda v: v == 0 or flat.get("task.name", "arith_tool") == "arith_tool",
-       "is only implemented for task.name='arith_tool' (the calculator tool)",
+       lambda v: v == 0 or flat.get("task.name", "arith_tool") in ("arith_tool", "chain_tool"),
+       "is only implemented for task.name='arith_tool' or 'chain_tool' (the calculator tool)",
        "set it to 0 or use task.name='arith_tool'"),
       ("task.tool_latency_median_s",
        lambda v: v * math.exp(4.0 * flat.get("task.tool_latency_sigma", 1.0))

@@ -23,7 +23,8 @@ class Task:
 
 
 def make_task(config) -> Task:
-  """``config.task.name``: "arith_tool" (CPU tool-use task) or "math" (JSONL benchmark files).
+  """``config.task.name``: "arith_tool" (CPU tool-use task), "chain_tool" (3-5 chained tool
+  calls), "style_switch" (online style task) or "math" (JSONL benchmark files).
 
   Raises ValueError for an unknown task name."""
   from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel
@@ -43,6 +44,24 @@ def make_task(config) -> Task:
     demos = arith_tool.make_sft_dataset(train[:config.sft.num_demos], p_tool=config.sft.p_tool,
                                         seed=config.seed, tokenizer=tok,
                                         p_guess_correct=config.sft.p_guess_correct)
+    return Task(tok, env, train, evals, tuple(tok.stop_ids), demos, eval_env)
+  if name == "chain_tool":  # 3-5 chained calculator calls (envs/chain_tool.py)
+    from sao_jax.envs import chain_tool  # pylint: disable=import-outside-toplevel
+    t = config.task
+    lengths = tuple(t.get("chain_lengths", chain_tool.DEFAULT_LENGTHS))
+    weights = tuple(t.get("chain_weights", chain_tool.DEFAULT_WEIGHTS))
+    train = chain_tool.make_problems(t.n_train, config.seed, "train", lengths, weights)
+    evals = chain_tool.make_problems(t.n_eval, config.seed, "eval", lengths, weights)
+    env = chain_tool.ChainToolEnv(tok, max_turns=t.max_turns,
+                                  tool_latency_median_s=t.get("tool_latency_median_s", 0.0),
+                                  tool_latency_sigma=t.get("tool_latency_sigma", 1.0),
+                                  seed=config.seed)
+    eval_env = (chain_tool.ChainToolEnv(tok, max_turns=t.max_turns)
+                if env.tool_latency_median_s > 0 else None)
+    demos = chain_tool.make_sft_dataset(train[:config.sft.num_demos], p_tool=config.sft.p_tool,
+                                        seed=config.seed, tokenizer=tok,
+                                        p_guess_correct=config.sft.p_guess_correct,
+                                        reliable_calls=config.sft.get("reliable_calls", 3))
     return Task(tok, env, train, evals, tuple(tok.stop_ids), demos, eval_env)
   if name == "style_switch":  # online-learning task (experiments/online_style.py)
     from sao_jax.envs import arith_tool, style_switch  # pylint: disable=import-outside-toplevel
@@ -76,4 +95,5 @@ def make_task(config) -> Task:
     else:
       env, stop = MathEnv(tok, max_turns=1), (tok.eos_id,)
     return Task(tok, env, problems, evals[:n_eval], stop, None)
-  raise ValueError(f"unknown task.name={name!r}; use 'arith_tool', 'style_switch' or 'math'.")
+  raise ValueError(f"unknown task.name={name!r}; use 'arith_tool', 'chain_tool', 'style_switch' or "
+                   "'math'.")
