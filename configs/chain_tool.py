@@ -1,4 +1,4 @@
-"""SAO on the chained tool-use task (sao_jax/envs/chain_tool.py): 3-5 calculator calls per problem.
+"""SAO on the chained tool-use task (sao_jax/envs/chain_tool.py): 3-4 calculator calls per problem.
 
 A task in which the critic has something to learn: the reward is binary and final, but every tool
 observation reveals progress. Derived from `configs/arith_tool.py`; only what differs is set here.
@@ -21,13 +21,15 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c = arith_tool.get_config()
   c.run_dir = "runs/chain_tool"
   c.task.name = "chain_tool"
-  c.task.chain_lengths = (3, 4, 5)        # calculator calls a problem needs
-  c.task.chain_weights = (0.2, 0.5, 0.3)  # their probabilities
-  c.task.max_turns = 7                    # max(chain_lengths) calls + answer + one spare turn
+  c.task.chain_lengths = (3, 4)           # calculator calls a problem needs
+  c.task.chain_weights = (0.12, 0.88)     # their probabilities (greedy warm start ~ 12% x 0.8)
+  c.task.max_turns = 6                    # max(chain_lengths) calls + answer + one spare turn
 
-  c.model.max_seq_len = 160               # longest correct 5-call episode is ~141 tokens
+  c.model.max_seq_len = 128               # longest correct 4-call episode is ~110 tokens
   c.rollout.max_new_tokens = 20           # per turn: "<tool>99999-999</tool>" is 11 tokens
 
+  c.sft.steps = 600                       # (batch 32: ~5 epochs of the 4000 demonstrations)
+  c.sft.batch_size = 32
   c.sft.p_tool = 0.3                      # the demonstrator's chance of each call past the 3rd
   c.sft.reliable_calls = 3                # calls every demonstration makes (if the chain has them)
 

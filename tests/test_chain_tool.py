@@ -92,7 +92,7 @@ def test_problem_generation_is_seeded_and_splits_are_disjoint():
 def test_problems_follow_the_chain_and_the_length_mix():
   problems = chain_tool.make_problems(2000, seed=3, split="train")
   lo, hi = chain_tool.VALUE_RANGE
-  counts = np.zeros(6)
+  counts = np.zeros(5)
   for p in problems:
     steps = chain_tool.problem_steps(p)
     value = steps[0][1]
@@ -101,8 +101,8 @@ def test_problems_follow_the_chain_and_the_length_mix():
       assert lo <= value <= hi
     assert str(value) == p.answer
     counts[len(steps) - 1] += 1
-  # weights (0.2, 0.5, 0.3) for 3, 4, 5 calls; binomial sd over 2000 draws <= 0.012
-  np.testing.assert_allclose(counts[3:] / counts.sum(), [0.2, 0.5, 0.3], atol=0.04)
+  # default weights (0.12, 0.88) for 3, 4 calls; binomial sd over 2000 draws: 0.007
+  np.testing.assert_allclose(counts[3:] / counts.sum(), [0.12, 0.88], atol=0.03)
   assert counts[:3].sum() == 0
 
 
@@ -134,10 +134,14 @@ def test_sft_demos_replay_through_the_env_to_the_reward_they_claim():
                                       p_guess_correct=0.1, reliable_calls=3)
   assert demos == chain_tool.make_sft_dataset(problems, p_tool=0.3, seed=0, tokenizer=TOK,
                                               p_guess_correct=0.1, reliable_calls=3)
+  problems += chain_tool.make_problems(200, seed=0, split="train", lengths=(5,), weights=(1.0,))
+  demos = chain_tool.make_sft_dataset(problems, p_tool=0.3, seed=0, tokenizer=TOK,
+                                      p_guess_correct=0.1, reliable_calls=3)
   env = ChainToolEnv(TOK, max_turns=7)
   solved = {3: [], 4: [], 5: []}
   for p, (ids, mask) in zip(problems, demos):
-    assert len(ids) == len(mask) <= 160
+    k = len(chain_tool.problem_steps(p)) - 1
+    assert len(ids) == len(mask) <= (128 if k <= 4 else 160)  # fits configs/chain_tool.py
     prompt = env.prompt_ids(p)
     assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)])
     rebuilt, reward = list(prompt), None
@@ -147,7 +151,6 @@ def test_sft_demos_replay_through_the_env_to_the_reward_they_claim():
       if st.done:
         reward = st.reward
     assert rebuilt == ids  # the demo is exactly what the env produces for its actions
-    k = len(chain_tool.problem_steps(p)) - 1
     text = TOK.decode(ids)
     calls = text.count("</tool>")
     assert calls >= min(k, 3) and "error" not in text
@@ -157,7 +160,7 @@ def test_sft_demos_replay_through_the_env_to_the_reward_they_claim():
     assert reward == float(boxed == p.answer)  # the claim: solved iff the box is the answer
     solved[k].append(calls == k)
   assert all(solved[3])  # 3-call chains are always completed by the demonstrator
-  # 4 calls: p_tool = 0.3; 5 calls: 0.09 (binomial sd at n ~ 200 / 120: 0.03 / 0.03)
+  # 4 calls: p_tool = 0.3; 5 calls: 0.09 (binomial sd at n ~ 350 / 200: 0.025 / 0.02)
   assert abs(np.mean(solved[4]) - 0.3) < 0.12 and abs(np.mean(solved[5]) - 0.09) < 0.09
 
 
@@ -173,7 +176,7 @@ def test_make_task_and_config_validate():
     c = mod.get_config(variant)
     validate_config(c, num_devices=1)
   task = tasks.make_task(c)
-  assert isinstance(task.env, ChainToolEnv) and task.env.max_turns == 7
+  assert isinstance(task.env, ChainToolEnv) and task.env.max_turns == 6
   assert len(task.sft_demos) == c.sft.num_demos and len(task.eval_problems) == c.task.n_eval
   assert not {p.prompt for p in task.train_problems} & {p.prompt for p in task.eval_problems}
 

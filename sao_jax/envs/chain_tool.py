@@ -1,4 +1,4 @@
-r"""Chained tool use: problems that need 3-5 calculator calls, one binary operation each.
+r"""Chained tool use: problems that need 3-4 calculator calls, one binary operation each.
 
 A CPU task in which a critic has something to learn (issue 16, item 1): the reward is binary and
 comes at the end, but every tool observation shows how far the chain has got, so the value of a
@@ -7,10 +7,11 @@ state rises call by call and drops where the policy abandons the chain or miscop
 Problems
 --------
 ``make_problems(n, seed, split, lengths, weights)`` draws a chain of ``k`` steps (``k`` from
-``lengths`` with probabilities ``weights``; default 3, 4 or 5 w.p. 0.2 / 0.5 / 0.3). Step 1
-combines two literals, every later step combines the previous step's result with a new literal;
-ops are ``+ - *`` and every intermediate result lies in ``[100, 99999]`` (so each observation is
-at least 5 tokens: ``<obs>``, >= 3 digits, ``</obs>``)::
+``lengths`` with probabilities ``weights``; default 3 or 4 w.p. 0.12 / 0.88). Step 1 combines
+two literals, every later step combines the previous step's result with a new literal (``+ -`` a
+2-digit one, ``*`` a 1-digit one); every intermediate result lies in ``[100, 99999]``, so each
+observation is at least 5 tokens (``<obs>``, >= 3 digits, ``</obs>``) and a solved 3-call
+episode has >= 15 observation tokens::
 
     Problem(id="chain-train-0-000000", prompt="a=17*23;b=a-45;c=b*3. c?", answer="1038")
 
@@ -38,9 +39,14 @@ The demonstrator is persistent for ``reliable_calls`` calls (default 3) and then
 further call only w.p. ``p_tool``; when it stops before the end of the chain it boxes a guess
 (``arith_tool``'s guess: the answer w.p. ``p_guess_correct``, else off by up to ~25%). So
 3-step chains are always solved in the demos, a 4-step chain w.p. ``p_tool``, a 5-step chain w.p.
-``p_tool**2``: the greedy warm-started policy solves (about) the 3-step problems, sampling at
-temperature 1 sometimes keeps going on the longer ones, and RL has to learn to follow every chain
-to its end (while copying each observation into the next call without a slip).
+``p_tool**2``: the greedy warm-started policy solves (about) the 3-step problems and stops after
+3 calls on the longer ones, sampling at temperature 1 sometimes keeps going, and RL has to learn
+to follow every chain to its end (while copying each observation into the next call without a
+slip). The greedy warm-start success is therefore about ``weights[3 calls] x`` (copy accuracy).
+
+Measured (``configs/chain_tool.py``, seed 0, 600 SFT steps of batch 32, 200 held-out problems):
+with weights (0.3, 0.7) greedy success 0.265 (3 calls: 0.83, 4 calls: 0.00), sampled (T=1) 0.24
+(4 calls: 0.03; 22% of them make a 4th call); hence the default weights (0.12, 0.88).
 """
 
 from __future__ import annotations
@@ -67,8 +73,8 @@ __all__ = [
     "problem_steps",
 ]
 
-DEFAULT_LENGTHS: tuple[int, ...] = (3, 4, 5)
-DEFAULT_WEIGHTS: tuple[float, ...] = (0.2, 0.5, 0.3)
+DEFAULT_LENGTHS: tuple[int, ...] = (3, 4)
+DEFAULT_WEIGHTS: tuple[float, ...] = (0.12, 0.88)
 VALUE_RANGE = (100, 99999)  # every intermediate result (inclusive)
 _VARS = "abcdefgh"
 _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"}
@@ -108,17 +114,18 @@ def _check_lengths(lengths: Sequence[int], weights: Sequence[float]) -> np.ndarr
 
 
 def _sample_step(rng: np.random.Generator, left: int | None) -> tuple[str, int, int, int]:
-  """(op, left, right, result) with result in VALUE_RANGE; ``left`` None = step 1 (a literal)."""
+  """(op, left, right, result) with result in VALUE_RANGE; ``left`` None = step 1 (a literal).
+
+  Literals: step 1 ``x + - y`` with x 3-digit, y 2-digit, or ``x * y`` with x 2-digit, y 1-digit;
+  later steps ``+ -`` a 2-digit or ``*`` a 1-digit literal (2..9)."""
   lo, hi = VALUE_RANGE
   while True:
     op = "+-*"[int(rng.integers(3))]
-    x = int(rng.integers(10, 1000)) if left is None else left
-    if op == "*":
-      y = int(rng.integers(10, 100)) if left is None else int(rng.integers(2, 10))
-      if left is None:
-        x = int(rng.integers(10, 100))
+    if left is None:
+      x = int(rng.integers(10, 100)) if op == "*" else int(rng.integers(100, 1000))
     else:
-      y = int(rng.integers(10, 1000))
+      x = left
+    y = int(rng.integers(2, 10)) if op == "*" else int(rng.integers(10, 100))
     r = x + y if op == "+" else x - y if op == "-" else x * y
     if lo <= r <= hi:
       return op, x, y, r
