@@ -26,9 +26,10 @@ class Task:
 
 
 def make_task(config) -> Task:
-  """``config.task.name``: "arith_tool" (CPU tool-use task), "math" (JSONL benchmark files,
-  single turn) or "tir_math" (JSONL files, multi-turn with the sandboxed Python tool:
-  ``sao_jax/envs/tir_math.py``; ``task.train_file`` is a comma-separated list of files or
+  """``config.task.name``: "arith_tool" (CPU tool-use task), "chain_tool" (3-5 chained tool
+  calls, ``sao_jax/envs/chain_tool.py``), "style_switch" (online style task), "math" (JSONL
+  benchmark files, single turn) or "tir_math" (JSONL files, multi-turn with the sandboxed Python
+  tool: ``sao_jax/envs/tir_math.py``; ``task.train_file`` is a comma-separated list of files or
   "paper_mix", checked against every evaluation set by ``sao_jax.data.split``).
 
   Raises ValueError for an unknown task name."""
@@ -49,6 +50,24 @@ def make_task(config) -> Task:
     demos = arith_tool.make_sft_dataset(train[:config.sft.num_demos], p_tool=config.sft.p_tool,
                                         seed=config.seed, tokenizer=tok,
                                         p_guess_correct=config.sft.p_guess_correct)
+    return Task(tok, env, train, evals, tuple(tok.stop_ids), demos, eval_env)
+  if name == "chain_tool":  # 3-5 chained calculator calls (envs/chain_tool.py)
+    from sao_jax.envs import chain_tool  # pylint: disable=import-outside-toplevel
+    t = config.task
+    lengths = tuple(t.get("chain_lengths", chain_tool.DEFAULT_LENGTHS))
+    weights = tuple(t.get("chain_weights", chain_tool.DEFAULT_WEIGHTS))
+    train = chain_tool.make_problems(t.n_train, config.seed, "train", lengths, weights)
+    evals = chain_tool.make_problems(t.n_eval, config.seed, "eval", lengths, weights)
+    env = chain_tool.ChainToolEnv(tok, max_turns=t.max_turns,
+                                  tool_latency_median_s=t.get("tool_latency_median_s", 0.0),
+                                  tool_latency_sigma=t.get("tool_latency_sigma", 1.0),
+                                  seed=config.seed)
+    eval_env = (chain_tool.ChainToolEnv(tok, max_turns=t.max_turns)
+                if env.tool_latency_median_s > 0 else None)
+    demos = chain_tool.make_sft_dataset(train[:config.sft.num_demos], p_tool=config.sft.p_tool,
+                                        seed=config.seed, tokenizer=tok,
+                                        p_guess_correct=config.sft.p_guess_correct,
+                                        reliable_calls=config.sft.get("reliable_calls", 3))
     return Task(tok, env, train, evals, tuple(tok.stop_ids), demos, eval_env)
   if name == "style_switch":  # online-learning task (experiments/online_style.py)
     from sao_jax.envs import arith_tool, style_switch  # pylint: disable=import-outside-toplevel
@@ -84,8 +103,8 @@ def make_task(config) -> Task:
     return Task(tok, env, problems, evals[:n_eval], stop, None)
   if name == "tir_math":
     return _make_tir_math(config, tok)
-  raise ValueError(f"unknown task.name={name!r}; use 'arith_tool', 'style_switch', 'math' or "
-                   "'tir_math'.")
+  raise ValueError(f"unknown task.name={name!r}; use 'arith_tool', 'chain_tool', "
+                   "'style_switch', 'math' or 'tir_math'.")
 
 
 def _make_tir_math(config, tok) -> Task:

@@ -241,6 +241,11 @@ class ArithToolEnv:
     def prompt_ids(self, problem: Problem) -> list[int]:
         return [self.tokenizer.bos_id, *self.tokenizer.encode(_prompt_text(problem))]
 
+    @staticmethod
+    def run_tool(expr: str | None) -> str:
+        """The calculator: ``str(safe_eval_arith(expr))``, or ``"error"`` (subclasses narrow it)."""
+        return _run_tool(expr)
+
     def observation_ids(self, result: str) -> list[int]:
         """Tokens of ``<obs>RESULT</obs>``."""
         return _observation_ids(self.tokenizer, result)
@@ -267,7 +272,7 @@ class ArithToolEnv:
         info["tool_calls"] = 1
         starts = [i for i in range(len(ids) - 1) if ids[i] == tok.tool_start_id]
         expr = tok.decode(ids[starts[-1] + 1 : -1]) if starts else None
-        result = _run_tool(expr)
+        result = self.run_tool(expr)
         wait = tool_latency(getattr(problem, "id", ""), turn, ids, self.tool_latency_median_s,
                             self.tool_latency_sigma, self.seed)
         if wait > 0:

@@ -40,6 +40,9 @@ from sao_jax.train.progress import MODES as PROGRESS
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # fields that only some configs define: name -> allowed types
 EXTRA_KEYS: dict[str, tuple] = {
+    "task.chain_lengths": (tuple,),  # chain_tool: calculator calls a problem needs
+    "task.chain_weights": (tuple,),  # chain_tool: their probabilities
+    "sft.reliable_calls": (int,),  # chain_tool: calls every demonstration makes
     "task.tool_cpu_s": (int,),  # tir_math: sandbox CPU seconds per program
     "task.tool_wall_s": (int, float),  # tir_math: sandbox wall seconds per program
     "task.tool_memory_mb": (int,),  # tir_math: sandbox address-space limit (MiB)
@@ -53,7 +56,7 @@ EXTRA_KEYS: dict[str, tuple] = {
     "checkpoint.resume": (bool,),
 }
 _DTYPES = ("float32", "bfloat16", "float16")
-_TASKS = ("arith_tool", "math", "style_switch", "tir_math")  # sao_jax/tasks.py:make_task
+_TASKS = ("arith_tool", "chain_tool", "math", "style_switch", "tir_math")  # sao_jax/tasks.py:make_task
 _KV_ON_UPDATE = ("keep", "recompute")  # rollout/worker.py:RolloutWorker
 _BACKENDS = ("thread", "ray")  # rollout.backend: TrajectorySource implementations
 _CPU_COLLECTIVES = ("gloo", "mpi", "")  # jax_cpu_collectives_implementation; "" = JAX's default
@@ -255,8 +258,8 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
       ("task.tool_latency_sigma", nonneg, "must be >= 0 (log-std of the lognormal latency)",
        "use e.g. 1.0"),
       ("task.tool_latency_median_s",
-       lambda v: v == 0 or flat.get("task.name", "arith_tool") == "arith_tool",
-       "is only implemented for task.name='arith_tool' (the calculator tool)",
+       lambda v: v == 0 or flat.get("task.name", "arith_tool") in ("arith_tool", "chain_tool"),
+       "is only implemented for task.name='arith_tool' or 'chain_tool' (the calculator tool)",
        "set it to 0 or use task.name='arith_tool'", ("task.name",)),
       ("task.tool_latency_median_s",
        lambda v: v * math.exp(4.0 * flat.get("task.tool_latency_sigma", 1.0))
