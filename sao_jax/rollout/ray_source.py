@@ -1,4 +1,5 @@
-"""``RaySource``: the ``TrajectorySource`` whose rollouts run in Ray actors (``rollout.backend="ray"``).
+"""``RaySource``: the ``TrajectorySource`` whose rollouts run in Ray actors
+(``rollout.backend="ray"``).
 
 Shape (DESIGN.md "Beyond one machine"): Ray starts and supervises N ``RolloutActor`` processes
 (resources per actor from the config) and carries the control calls; weights move through

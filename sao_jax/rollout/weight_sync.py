@@ -206,7 +206,11 @@ class WeightPuller:
     if ref.transport == "object_store":
       import ray  # pylint: disable=import-outside-toplevel
       host = ray.get(ref.object_ref[0])
-      return [jax.device_put(_from_host(a, d), self.sharding) for a, (_, d) in zip(host, ref.avals)]
+      # On CPU the jax arrays alias the (read-only) shared-memory buffers, even with
+      # may_alias=False (checked: same pointer); jax holds the numpy views, which pin the Ray
+      # object, and params are never donated on the rollout side. Elsewhere: a host->device copy.
+      return [jax.device_put(_from_host(a, d), self.sharding)
+              for a, (_, d) in zip(host, ref.avals)]
     raise ValueError(f"unknown weight transport {ref.transport!r}; use one of {TRANSPORTS}.")
 
   def pull(self, ref: WeightRef, expected=None):
