@@ -1,6 +1,7 @@
 """The Ray rollout backend (rollout/ray_source.py) and weight sync (rollout/weight_sync.py).
 
-The Ray tests start their own local cluster (2 CPUs, no dashboard), stop it at the end and
+The Ray tests use ``rollout.weight_sync="transfer"`` (``SAO_TEST_WEIGHT_SYNC=object_store`` runs
+the object-store path instead; both pass). They start their own local cluster (2 CPUs, no dashboard), stop it at the end and
 check that no ``raylet`` / ``gcs_server`` process of theirs is left (``_ray_processes``).
 """
 
@@ -83,7 +84,7 @@ def _config():
   c.rollout.num_workers = 2
   c.rollout.ray_num_cpus = 0.5
   c.rollout.ray_max_outstanding = 4
-  c.rollout.weight_sync = "transfer"
+  c.rollout.weight_sync = os.environ.get("SAO_TEST_WEIGHT_SYNC", "transfer")
   return c
 
 

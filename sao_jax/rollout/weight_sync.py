@@ -246,10 +246,14 @@ def check_matches(ref: WeightRef, expected) -> None:
 
 
 def resolve_transport(name: str) -> str:
-  """``rollout.weight_sync``: "auto" -> "transfer" where this jax has
-  ``jax.experimental.transfer.start_transfer_server``, else "object_store"; other names are
+  """``rollout.weight_sync``: "auto" -> "object_store" on the CPU backend (one node's shared
+  memory, zero-copy into CPU jax arrays: benchmarks/RESULTS.md section 6 measured it far faster
+  than the transfer server's socket there), else "transfer" where this jax has
+  ``jax.experimental.transfer.start_transfer_server``, else "object_store". Other names are
   checked and returned (ValueError for an unknown one)."""
   if name == "auto":
+    if jax.default_backend() == "cpu":
+      return "object_store"
     try:
       from jax.experimental import transfer  # pylint: disable=import-outside-toplevel
       return "transfer" if hasattr(transfer, "start_transfer_server") else "object_store"
@@ -258,4 +262,3 @@ def resolve_transport(name: str) -> str:
   if name not in TRANSPORTS:
     raise ValueError(f"rollout.weight_sync={name!r}; use 'auto' or one of {TRANSPORTS}.")
   return name
-
