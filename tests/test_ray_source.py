@@ -1,8 +1,9 @@
 """The Ray rollout backend (rollout/ray_source.py) and weight sync (rollout/weight_sync.py).
 
 The Ray tests use ``rollout.weight_sync="transfer"`` (``SAO_TEST_WEIGHT_SYNC=object_store`` runs
-the object-store path instead; both pass). They start their own local cluster (2 CPUs, no dashboard), stop it at the end and
-check that no ``raylet`` / ``gcs_server`` process of theirs is left (``_ray_processes``).
+the object-store path instead; both pass). They start their own local cluster (2 CPUs, no
+dashboard), stop it at the end and check that no ``raylet`` / ``gcs_server`` process is left
+(``_ray_processes``).
 """
 
 import dataclasses
