@@ -1,0 +1,464 @@
+"""``RaySource``: the ``TrajectorySource`` whose rollouts run in Ray actors
+(``rollout.backend="ray"``).
+
+Shape (DESIGN.md "Beyond one machine"): Ray starts and supervises N ``RolloutActor`` processes
+(resources per actor from the config) and carries the control calls; weights move through
+``rollout.weight_sync`` (``jax.experimental.transfer`` pulls, or the Ray object store); the
+driver keeps the prompt ledger, so accounting stays exactly-once across actor deaths.
+
+Each actor builds the trainer's policy *structure* (``nnx.eval_shape`` of the same
+``Transformer(model_config)``: no random init), the task (``tasks.make_task`` from the config
+dict), the env (``GuardedEnv``) and an ``SAOEngine``, and runs today's ``RolloutWorker``
+(continuous batching, multi-turn env, per-token ``logprobs`` and ``policy_version``) on a thread.
+It admits nothing before its first weights arrive, so a (re)started actor always serves the
+newest version the driver published.
+
+Flow (pull-based, bounded): the driver hands each actor ``(ticket, Problem)`` items from its
+ledger until the actor holds ``max_outstanding`` unfinished prompts (back-pressure), and polls
+each actor for finished trajectories (one poll in flight per actor). Every item carries a ticket
+unique in the run; the driver tracks the tickets outstanding at each actor.
+
+Faults: an actor that dies (SIGKILL, OOM, node loss) is restarted by Ray (``max_restarts``);
+its outstanding tickets are issued again, first, to whichever actor has room; the restarted
+incarnation (detected by a new incarnation id in its replies, or by the failed call) receives
+the newest weights before any prompt (Ray runs one caller's calls to an actor in order). The
+other actors keep serving meanwhile. A ticket that comes back twice is dropped (counted in
+``duplicates``). An error raised *inside* an actor (a model mismatch, a prompt too long, a bug)
+is not transient: ``take`` re-raises it at once as its own exception type.
+
+Driver-side policies applied in ``take`` as on the thread backend: groups (``group_size`` > 1:
+``train.modes.repeat_groups`` + ``GroupCollector``), admission control (``AdmissionControl`` is
+asked before each hand-out, with the driver's policy version) and drop-on-arrival
+(``max_staleness``), then the ledger records the consumed prompts.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import os
+import threading
+import time
+import uuid
+from typing import Any, Optional
+
+from sao_jax.rollout import weight_sync
+from sao_jax.rollout.trajectory import Trajectory
+
+
+# ---------------------------------------------------------------------------------------------
+# the actor
+# ---------------------------------------------------------------------------------------------
+class RolloutActor:
+  """One rollout process (wrapped by ``ray.remote`` in ``RaySource``; a plain class here).
+
+  Args:
+    config_dict: ``config.to_dict()`` of the run (task, rollout, model, seed fields are read).
+    model_config: the trainer's ``ModelConfig`` (the policy structure; weights come by sync).
+    index: this actor's index in the source (seeds its sampling: ``config.seed + index``).
+
+  Methods (all return quickly except ``set_weights``, which pulls the weights):
+    ``set_weights(ref)``, ``submit(incarnation, items)``, ``poll(timeout_s)``, ``pid()``,
+    ``stop()``.
+  """
+
+  def __init__(self, config_dict: dict, model_config, index: int):
+    # heavy imports here: the module is imported by the driver before Ray starts the actor
+    import ml_collections  # pylint: disable=import-outside-toplevel
+    from flax import nnx  # pylint: disable=import-outside-toplevel
+    from sao_jax import tasks  # pylint: disable=import-outside-toplevel
+    from sao_jax.envs.guard import GuardedEnv  # pylint: disable=import-outside-toplevel
+    from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
+    from sao_jax.rollout.engine import SAOEngine  # pylint: disable=import-outside-toplevel
+    from sao_jax.rollout.worker import env_workers_for  # pylint: disable=import-outside-toplevel
+    config = ml_collections.ConfigDict(config_dict)
+    self.index = int(index)
+    self.incarnation = uuid.uuid4().hex
+    self.config = config
+    self.task = tasks.make_task(config)
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(model_config,
+                                                                      rngs=nnx.Rngs(0))))
+    self.expected = nnx.to_pure_dict(abstract)  # ShapeDtypeStruct leaves: the received tree
+    seed = int(config.seed) + self.index
+    self.engine = SAOEngine(model_config, graphdef, self.task.tokenizer,
+                            max_concurrent_decodes=config.rollout.slots,
+                            max_prefill_length=config.rollout.max_prefill_length,
+                            temperature=config.rollout.temperature, seed=seed)
+    self.env_workers = env_workers_for(config)
+    self.env = GuardedEnv(self.task.env, timeout_s=config.rollout.get("env_timeout_s", 30.0),
+                          seed=seed, max_workers=max(4, self.env_workers))
+    self.seed = seed
+    self.puller = weight_sync.WeightPuller()
+    self.store = None  # WeightStore, created by the first set_weights
+    self.first_serve_version = -1  # policy version when this incarnation admitted its 1st prompt
+    self.pull_s = 0.0
+    self._inbox: collections.deque = collections.deque()
+    self._tickets: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+    self._out: list = []
+    self._cond = threading.Condition()
+    self._stop = threading.Event()
+    self._error: Optional[BaseException] = None
+    self._worker = None
+    self._thread: Optional[threading.Thread] = None
+
+  # ---- control calls --------------------------------------------------------------------------
+  def set_weights(self, ref: weight_sync.WeightRef) -> int:
+    """Pulls ``ref`` (newest wins: an older ref is ignored) and hands it to the rollout worker;
+    the first one starts the worker. Returns this actor's version. Raises
+    ``WeightMismatchError`` if the tree does not match the actor's model."""
+    from sao_jax.rollout.sync import WeightStore  # pylint: disable=import-outside-toplevel
+    t0 = time.perf_counter()
+    params = self.puller.pull(ref, expected=self.expected)
+    self.pull_s += time.perf_counter() - t0
+    if params is not None:
+      if self.store is None:
+        self.store = WeightStore(params, ref.version)
+        self._start_worker()
+      else:
+        self.store.publish(params, ref.version)
+    return self.store.version
+
+  def submit(self, incarnation: str, items: list) -> int:
+    """Queues ``items`` (``[(ticket, Problem)]``) for rollout. Items meant for another
+    incarnation (sent before the driver saw this one start) are ignored: the driver issues
+    them again. Returns the number of prompts queued here and not yet finished."""
+    with self._cond:
+      if incarnation == self.incarnation:
+        self._inbox.extend(items)
+      return len(self._inbox) + sum(len(q) for q in self._tickets.values())
+
+  def poll(self, timeout_s: float = 0.2) -> dict:
+    """Finished trajectories, waiting up to ``timeout_s`` for at least one.
+
+    Returns ``{"incarnation", "version" (-1 before weights), "first_serve_version",
+    "trajectories": [(ticket, Trajectory)], "stats": WorkerStats fields, "pull_s"}``. Re-raises
+    the rollout worker's error, if it died of one."""
+    with self._cond:
+      if not self._out and self._error is None:
+        self._cond.wait(timeout_s)
+      out, self._out = self._out, []
+    if self._error is not None:
+      raise self._error
+    stats = dataclasses.asdict(self._worker.stats) if self._worker is not None else {}
+    return {"incarnation": self.incarnation,
+            "version": self.store.version if self.store is not None else -1,
+            "first_serve_version": self.first_serve_version, "trajectories": out,
+            "stats": stats, "pull_s": self.pull_s}
+
+  def pid(self) -> int:
+    return os.getpid()
+
+  def stop(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join(timeout=10)
+
+  # ---- the rollout worker ---------------------------------------------------------------------
+  def _problems(self):
+    """The worker's problem iterator: the next queued item, or None (nothing to admit now)."""
+    while True:
+      with self._cond:
+        item = self._inbox.popleft() if self._inbox else None
+        if item is not None:
+          ticket, problem = item
+          self._tickets[str(problem.id)].append(ticket)
+          if self.first_serve_version < 0:
+            self.first_serve_version = self.store.version
+      yield None if item is None else problem
+
+  def _sink(self, traj: Trajectory) -> bool:
+    with self._cond:
+      ticket = self._tickets[traj.problem_id].popleft()
+      if not self._tickets[traj.problem_id]:
+        del self._tickets[traj.problem_id]
+      self._out.append((ticket, traj))
+      self._cond.notify_all()
+    return not self._stop.is_set()
+
+  def _start_worker(self) -> None:
+    from sao_jax.rollout.worker import RolloutWorker  # pylint: disable=import-outside-toplevel
+    cfg = self.config
+    self._worker = RolloutWorker(
+        self.engine, self.env, self._problems(), self._sink, self.store,
+        stop_ids=self.task.stop_ids, max_new_tokens=cfg.rollout.max_new_tokens,
+        max_seq_len=cfg.model.max_seq_len, seed=self.seed,
+        kv_on_update=cfg.rollout.get("kv_on_update", "keep"), env_workers=self.env_workers)
+
+    def run():
+      try:
+        self._worker.run(self._stop)
+      except BaseException as e:  # pylint: disable=broad-except  (reported by the next poll)
+        with self._cond:
+          self._error = e
+          self._cond.notify_all()
+
+    self._thread = threading.Thread(target=run, name="rollout-actor-worker", daemon=True)
+    self._thread.start()
+
+
+# ---------------------------------------------------------------------------------------------
+# the driver side
+# ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class _Actor:
+  """Driver-side record of one actor (handle survives Ray restarts)."""
+  handle: Any
+  index: int
+  incarnation: Optional[str] = None    # last incarnation id seen in a reply
+  version: int = -1                    # weights version it reported
+  sent_version: int = -1               # newest version sent to this incarnation
+  outstanding: dict = dataclasses.field(default_factory=dict)  # ticket -> problem
+  poll_ref: Any = None
+  sync_ref: Any = None
+  sync_wref: Any = None
+  retry_at: float = 0.0
+  failures: int = 0                    # consecutive failed calls
+  trajectories: int = 0
+  restarts: int = 0
+  first_serve_version: int = -1
+  pid: int = -1
+
+
+def _config_get(cfg, key: str, default):
+  return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
+
+
+class RaySource:
+  """``TrajectorySource`` over ``rollout.num_workers`` Ray rollout actors.
+
+  Args:
+    config: the run's ``ConfigDict``. Read: ``rollout.num_workers`` (default 2),
+      ``rollout.ray_address`` ("" = start a local Ray, else join it), ``rollout.ray_num_cpus``
+      (1), ``rollout.ray_num_gpus`` (0), ``rollout.ray_resources`` (dict, e.g. ``{"TPU": 4}``),
+      ``rollout.ray_max_restarts`` (4), ``rollout.ray_max_outstanding`` (0 = 2 x
+      ``rollout.slots``: prompts one actor holds at a time), ``rollout.weight_sync`` ("auto" |
+      "transfer" | "object_store"), and everything ``RolloutActor`` reads.
+    model_config: the trainer's ``ModelConfig``.
+    ledger: the driver's ``PromptLedger`` (``iterator()``, ``consume(ids)``, ``state()``).
+    params: the initial policy params (pytree of arrays; the trainer's copy, not donated).
+    version: their policy version.
+    group_size: rollouts per prompt (the grpo modes; 1 = SAO).
+    max_staleness: drop-on-arrival bound (< 0: keep everything).
+    admission: an optional ``AdmissionControl`` shared with the driver.
+
+  Raises ValueError for a bad ``rollout.num_workers`` / ``rollout.weight_sync``.
+  """
+
+  def __init__(self, config, model_config, ledger, params, version: int = 0, *,
+               group_size: int = 1, max_staleness: int = -1, admission=None):
+    import ray  # pylint: disable=import-outside-toplevel
+    from sao_jax.train import modes  # pylint: disable=import-outside-toplevel
+    self._ray = ray
+    self._modes = modes
+    r = config.rollout
+    n = int(_config_get(r, "num_workers", 2))
+    if n < 1:
+      raise ValueError(f"rollout.num_workers={n}; need >= 1 rollout actor.")
+    self._owns_ray = False
+    if not ray.is_initialized():
+      address = _config_get(r, "ray_address", "") or None
+      ray.init(address=address, include_dashboard=False, log_to_driver=True)
+      self._owns_ray = True
+    self.ledger = ledger
+    self.group_size = int(group_size)
+    self.max_staleness = int(max_staleness)
+    self.admission = admission
+    self.max_outstanding = int(_config_get(r, "ray_max_outstanding", 0)) or 2 * int(r.slots)
+    transport = weight_sync.resolve_transport(_config_get(r, "weight_sync", "auto"))
+    self.publisher = weight_sync.WeightPublisher(transport)
+    self.publisher.publish(params, version)
+    self.version = int(version)
+    problems = ledger.iterator()
+    self._problems = (modes.repeat_groups(problems, self.group_size) if self.group_size > 1
+                      else problems)
+    self._collector = modes.GroupCollector(self.group_size)
+    self._tickets = itertools.count()
+    self._reissue: collections.deque = collections.deque()   # (ticket, problem) to hand out first
+    self._arrived: collections.deque = collections.deque()   # finished, not yet taken
+    self.handed_out: set = set()
+    self.returned: set = set()
+    self.counters = collections.Counter()
+    self.last_positions: list = []
+    resources = dict(_config_get(r, "ray_resources", {}) or {})
+    cls = ray.remote(RolloutActor).options(
+        num_cpus=float(_config_get(r, "ray_num_cpus", 1)),
+        num_gpus=float(_config_get(r, "ray_num_gpus", 0)), resources=resources or None,
+        max_restarts=int(_config_get(r, "ray_max_restarts", 4)), max_task_retries=0,
+        max_concurrency=1)
+    cfg_dict = config.to_dict()
+    self.actors = [_Actor(cls.remote(cfg_dict, model_config, i), i) for i in range(n)]
+
+  # ---- TrajectorySource -----------------------------------------------------------------------
+  def publish(self, params, version: int) -> None:
+    """Makes ``params`` the newest weights; each actor pulls them as soon as its previous pull
+    is done (newest wins: versions published meanwhile are skipped)."""
+    self.publisher.publish(params, version)
+    self.version = int(version)
+    self._pump()
+
+  def take(self, n: int, policy_version: int) -> list[Trajectory]:
+    """Blocks until ``n`` trajectories (whole groups) not staler than ``max_staleness`` have
+    arrived; records their prompts in the ledger (positions in ``self.last_positions``).
+
+    Raises the actors' own error when one fails inside (non-transient), and RuntimeError when
+    every actor is gone for good."""
+    self.version = max(self.version, int(policy_version))
+    out: list[Trajectory] = []
+    while len(out) < n:
+      while self._arrived and len(out) < n:
+        traj = self._arrived.popleft()
+        if self.admission is not None:
+          self.admission.finish(accepted=not traj.info.get("failed", False))
+        units = self._collector.add(traj) if self.group_size > 1 else [[traj]]
+        for unit in units:
+          if self._modes.too_stale(unit, policy_version, self.max_staleness):
+            self.counters["dropped_stale"] += len(unit)
+            for _ in unit if self.admission is not None else ():
+              self.admission.revoke()
+          else:
+            out.extend(unit)
+      if len(out) >= n:
+        break
+      self._pump()
+      self._wait_and_collect(timeout_s=0.5)
+    ids = [t.problem_id.split(self._modes.GROUP_SEP)[0] for t in out][::self.group_size]
+    self.last_positions = self.ledger.consume(ids)
+    return out
+
+  def metrics(self) -> dict[str, float]:
+    """Rollout counters: per actor ``ray/actor{i}_trajectories``, ``_version``, ``_restarts``;
+    totals ``ray/restarts``, ``ray/reissued``, ``ray/duplicates``, ``ray/dropped_stale``,
+    ``ray/outstanding``."""
+    m = {}
+    for a in self.actors:
+      m[f"ray/actor{a.index}_trajectories"] = float(a.trajectories)
+      m[f"ray/actor{a.index}_version"] = float(a.version)
+      m[f"ray/actor{a.index}_restarts"] = float(a.restarts)
+    m["ray/restarts"] = float(sum(a.restarts for a in self.actors))
+    m["ray/outstanding"] = float(sum(len(a.outstanding) for a in self.actors) + len(self._reissue))
+    for k in ("reissued", "duplicates", "dropped_stale"):
+      m[f"ray/{k}"] = float(self.counters[k])
+    return m
+
+  def state(self) -> dict:
+    """Checkpoint state: ``{"ledger": ledger.state()}``."""
+    return {"ledger": self.ledger.state()}
+
+  def close(self) -> None:
+    """Kills the actors (no restart), drops the published weights, stops a Ray this source
+    started."""
+    for a in self.actors:
+      try:
+        self._ray.kill(a.handle, no_restart=True)
+      except Exception:  # pylint: disable=broad-except  (already gone)
+        pass
+    self.actors = []
+    self.publisher.close()
+    if self._owns_ray:
+      self._ray.shutdown()
+
+  # ---- internals ------------------------------------------------------------------------------
+  def outstanding_tickets(self) -> set:
+    """Tickets handed out and not yet returned (at actors or waiting to be issued again)."""
+    out = {t for a in self.actors for t in a.outstanding}
+    return out | {t for t, _ in self._reissue}
+
+  def _next_item(self):
+    if self._reissue:
+      self.counters["reissued"] += 1
+      return self._reissue.popleft()
+    if self.admission is not None and not self.admission.try_start(self.version):
+      return None
+    ticket = next(self._tickets)
+    self.handed_out.add(ticket)
+    return ticket, next(self._problems)
+
+  def _pump(self) -> None:
+    """Weights to actors that lack the newest (one pull in flight each), prompts up to the
+    bound to actors that have weights, a poll in flight for every reachable actor."""
+    ray = self._ray
+    now = time.monotonic()
+    for a in self.actors:
+      if a.sync_ref is not None:
+        done, _ = ray.wait([a.sync_ref], timeout=0)
+        if done:
+          self._on_sync_done(a)
+      if a.poll_ref is None and now >= a.retry_at:
+        a.poll_ref = a.handle.poll.remote(0.2)
+      if a.incarnation is None:
+        continue  # not heard from this incarnation yet
+      if a.sync_ref is None and a.sent_version < self.publisher.version:
+        a.sync_wref = self.publisher.ref_for()
+        a.sync_ref = a.handle.set_weights.remote(a.sync_wref)
+        a.sent_version = a.sync_wref.version
+      if a.sent_version < 0:
+        continue
+      items = []
+      while len(a.outstanding) + len(items) < self.max_outstanding:
+        item = self._next_item()
+        if item is None:
+          break
+        items.append(item)
+      if items:
+        a.handle.submit.remote(a.incarnation, items)
+        a.outstanding.update(items)
+
+  def _on_sync_done(self, a: _Actor) -> None:
+    ref, wref = a.sync_ref, a.sync_wref
+    a.sync_ref = a.sync_wref = None
+    try:
+      a.version = max(a.version, self._ray.get(ref))
+    except self._ray.exceptions.RayTaskError as e:  # raised inside the actor: not transient
+      raise (e.cause if isinstance(e.cause, BaseException) else e) from e
+    except self._ray.exceptions.RayError:  # died before/while pulling: free the armed pull
+      threading.Thread(target=self.publisher.drain, args=(wref,), daemon=True).start()
+
+  def _wait_and_collect(self, timeout_s: float) -> None:
+    ray = self._ray
+    by_ref = {a.poll_ref: a for a in self.actors if a.poll_ref is not None}
+    if not by_ref:
+      time.sleep(min(timeout_s, 0.1))
+      return
+    done, _ = ray.wait(list(by_ref), num_returns=1, timeout=timeout_s)
+    for ref in done:
+      a = by_ref[ref]
+      a.poll_ref = None
+      try:
+        reply = ray.get(ref)
+      except ray.exceptions.RayTaskError as e:  # the actor's worker failed: not transient
+        raise (e.cause if isinstance(e.cause, BaseException) else e) from e
+      except ray.exceptions.RayError:  # dead / restarting: issue its prompts again, retry later
+        self._on_lost(a)
+        continue
+      a.failures = 0
+      if reply["incarnation"] != a.incarnation:
+        if a.incarnation is not None:  # restarted without us seeing a failed call
+          self._on_lost(a, restarted=True)
+        a.incarnation, a.sent_version, a.version = reply["incarnation"], -1, -1
+      a.version = max(a.version, reply["version"])
+      a.first_serve_version = reply["first_serve_version"]
+      for ticket, traj in reply["trajectories"]:
+        a.outstanding.pop(ticket, None)
+        if ticket in self.returned:
+          self.counters["duplicates"] += 1
+          continue
+        self.returned.add(ticket)
+        a.trajectories += 1
+        traj.info = dict(traj.info, rollout_actor=a.index, rollout_incarnation=a.incarnation)
+        self._arrived.append(traj)
+
+  def _on_lost(self, a: _Actor, restarted: bool = False) -> None:
+    """Actor ``a`` died (or came back as a new incarnation): its prompts go out again, first."""
+    if a.outstanding:
+      self._reissue.extendleft(reversed(list(a.outstanding.items())))
+      a.outstanding.clear()
+    if not restarted:
+      a.failures += 1
+      a.retry_at = time.monotonic() + min(0.5 * a.failures, 5.0)
+      if a.failures > 60:
+        raise RuntimeError(f"rollout actor {a.index} unreachable for {a.failures} calls; "
+                           "rollout.ray_max_restarts exhausted?")
+    if a.incarnation is not None and (restarted or a.failures == 1):
+      a.restarts += 1
+    a.incarnation, a.sent_version, a.version, a.first_serve_version = None, -1, -1, -1

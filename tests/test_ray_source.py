@@ -1,0 +1,196 @@
+"""The Ray rollout backend (rollout/ray_source.py) and weight sync (rollout/weight_sync.py).
+
+The Ray tests use ``rollout.weight_sync="transfer"`` (``SAO_TEST_WEIGHT_SYNC=object_store`` runs
+the object-store path instead; both pass). They start their own local cluster (2 CPUs, no
+dashboard), stop it at the end and check that no ``raylet`` / ``gcs_server`` process is left
+(``_ray_processes``).
+"""
+
+import dataclasses
+import importlib.util
+import os
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from sao_jax.rollout import weight_sync
+from sao_jax.rollout.weight_sync import WeightMismatchError, WeightPublisher, WeightPuller
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---- weight sync, one process (no Ray) ----------------------------------------------------------
+def _tree():
+  return {"w": jnp.arange(6, dtype=jnp.float32).reshape(2, 3),
+          "blocks": {"b": jnp.asarray([1.5, -2.0, 3.25], jnp.bfloat16)}}
+
+
+def test_transfer_pull_is_exact_newest_wins_and_drain_frees_an_unused_pull():
+  pub = WeightPublisher("transfer", ip="127.0.0.1")
+  tree = _tree()
+  pub.publish(tree, 3)
+  ref, unused = pub.ref_for(), pub.ref_for()
+  puller = WeightPuller()
+  got = puller.pull(ref, expected=tree)
+  np.testing.assert_array_equal(np.asarray(got["w"]), np.arange(6).reshape(2, 3))
+  assert got["blocks"]["b"].dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(got["blocks"]["b"], np.float32), [1.5, -2.0, 3.25])
+  assert puller.pull(ref) is None and puller.version == 3  # an older/equal version is ignored
+  pub.drain(unused)  # returns: the armed pull was consumed
+  with pytest.raises(ValueError, match="must increase"):
+    pub.publish(tree, 3)
+
+
+def test_mismatched_tree_is_refused_before_any_bytes_move():
+  pub = WeightPublisher("transfer", ip="127.0.0.1")
+  pub.publish({"w": jnp.zeros((2, 4)), "blocks": {"b": jnp.zeros(3, jnp.bfloat16)}}, 1)
+  with pytest.raises(WeightMismatchError, match=r"\['w'\].*float32\[2, 4\].*float32\[2, 3\]"):
+    WeightPuller().pull(pub.ref_for(), expected=_tree())
+  pub.publish({"w": jnp.zeros((2, 3))}, 2)
+  with pytest.raises(WeightMismatchError, match="parameter tree"):
+    WeightPuller().pull(pub.ref_for(), expected=_tree())
+
+
+# ---- the Ray backend ----------------------------------------------------------------------------
+def _ray_processes() -> set[int]:
+  """PIDs of live raylet / gcs_server processes (read from /proc: no fork in a JAX process)."""
+  out = set()
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/cmdline", "rb") as f:
+        argv0 = f.read().split(b"\0")[0]
+      with open(f"/proc/{pid}/stat", "rb") as f:
+        zombie = f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except OSError:
+      continue
+    if not zombie and os.path.basename(argv0) in (b"raylet", b"gcs_server"):
+      out.add(int(pid))
+  return out
+
+
+def _config():
+  spec = importlib.util.spec_from_file_location("arith_tool_cfg",
+                                                os.path.join(ROOT, "configs", "arith_tool.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  c = mod.get_config("smoke")
+  c.model.d_model, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads = 32, 1, 2, 1
+  c.model.head_dim, c.model.d_ff = 16, 64
+  c.rollout.slots, c.rollout.max_new_tokens = 4, 8
+  c.rollout.num_workers = 2
+  c.rollout.ray_num_cpus = 0.5
+  c.rollout.ray_max_outstanding = 4
+  c.rollout.weight_sync = os.environ.get("SAO_TEST_WEIGHT_SYNC", "transfer")
+  return c
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+  ray = pytest.importorskip("ray")
+  before = _ray_processes()
+  env = {"PYTHONPATH": ROOT, "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
+  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+           object_store_memory=200 * 1024 ** 2, runtime_env={"env_vars": env})
+  yield ray
+  ray.shutdown()
+  deadline = time.time() + 20
+  while _ray_processes() - before and time.time() < deadline:
+    time.sleep(0.5)
+  assert not _ray_processes() - before, "a raylet / gcs_server outlived ray.shutdown()"
+
+
+def _check(traj, versions_at_least: int = 0):
+  acts = traj.action_mask > 0
+  assert acts.any()
+  assert np.all(traj.logprobs[acts] <= 0) and np.all(np.isfinite(traj.logprobs[acts]))
+  assert np.all(traj.logprobs[~acts] == 0) and np.all(traj.policy_version[~acts] == -1)
+  assert np.all(traj.policy_version[acts] >= versions_at_least)
+
+
+def test_two_actors_sync_survive_sigkill_and_account_every_prompt_once(ray_cluster):
+  from sao_jax import tasks
+  from sao_jax.models.transformer import Transformer
+  from sao_jax.rollout.ray_source import RaySource
+  from sao_jax.train.loop import model_config
+  from sao_jax.train.resume import PromptLedger
+  config = _config()
+  task = tasks.make_task(config)
+  mcfg = model_config(config, task.tokenizer.vocab_size)
+  params = nnx.to_pure_dict(nnx.split(Transformer(mcfg, rngs=nnx.Rngs(0)))[1])
+  ledger = PromptLedger(task.train_problems, seed=0)
+  source = RaySource(config, mcfg, ledger, params, version=0)
+  try:
+    # 2 actors produce valid trajectories at version 0
+    first = source.take(8, policy_version=0)
+    assert len(first) == 8
+    for t in first:
+      _check(t)
+      assert int(t.policy_version[t.action_mask > 0].max()) == 0
+    # version 1 reaches both actors
+    shifted = jax.tree.map(lambda x: x + 0.01, params)
+    source.publish(shifted, 1)
+    deadline, n_sync = time.time() + 30, 0
+    while min(a.version for a in source.actors) < 1 and time.time() < deadline:
+      n_sync += len(source.take(1, policy_version=1))
+    assert [a.version for a in source.actors] == [1, 1]
+    # SIGKILL actor 0 while it holds prompts; publish v2 while it is down
+    victim = source.actors[0]
+    pid = ray_cluster.get(victim.handle.pid.remote())
+    assert victim.outstanding
+    lost, old = set(victim.outstanding), victim.incarnation
+    os.kill(pid, signal.SIGKILL)
+    source.publish(jax.tree.map(lambda x: x + 0.02, params), 2)
+    got = []
+
+    def from_restarted():
+      return [t for t in got if t.info["rollout_actor"] == 0
+              and t.info["rollout_incarnation"] not in (old, None)]
+
+    deadline = time.time() + 60
+    while not (from_restarted() and lost <= source.returned) and time.time() < deadline:
+      got += source.take(2, policy_version=2)
+    m = source.metrics()
+    assert victim.restarts == 1 and m["ray/restarts"] == 1
+    assert victim.incarnation != old and victim.version == 2
+    assert victim.first_serve_version == 2  # the restarted actor served the latest weights first
+    for t in from_restarted():
+      _check(t, versions_at_least=2)
+    assert lost <= source.returned  # its in-flight prompts came back (issued again)
+    assert m["ray/actor1_trajectories"] > 0 and m["ray/actor0_trajectories"] > 0
+    for t in got:
+      _check(t)
+    # exactly once: every ticket handed out is returned once or still outstanding
+    assert m["ray/duplicates"] == 0
+    assert source.returned | source.outstanding_tickets() == source.handed_out
+    assert not source.returned & source.outstanding_tickets()
+    taken = len(first) + n_sync + len(got)
+    assert len(source.returned) == taken + len(source._arrived)
+    assert ledger.low + len(ledger.consumed) == taken  # ledger.consume raises on a double count
+  finally:
+    source.close()
+
+
+def test_an_actor_built_from_another_model_config_fails_take_at_once(ray_cluster):
+  from sao_jax import tasks
+  from sao_jax.models.transformer import Transformer
+  from sao_jax.rollout.ray_source import RaySource
+  from sao_jax.train.loop import model_config
+  from sao_jax.train.resume import PromptLedger
+  config = _config()
+  config.rollout.num_workers = 1
+  task = tasks.make_task(config)
+  mcfg = model_config(config, task.tokenizer.vocab_size)
+  trainer_cfg = dataclasses.replace(mcfg, d_ff=96)  # the trainer's policy differs
+  params = nnx.to_pure_dict(nnx.split(Transformer(trainer_cfg, rngs=nnx.Rngs(0)))[1])
+  source = RaySource(config, mcfg, PromptLedger(task.train_problems, seed=0), params)
+  try:
+    with pytest.raises(WeightMismatchError,
+                       match=r"\['mlp'\]\['down_proj'\].*float32\[96, 32\].*float32\[64, 32\]"):
+      source.take(1, policy_version=0)  # raised as what it is at the first reply, not retried
+  finally:
+    source.close()
