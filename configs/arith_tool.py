@@ -70,6 +70,13 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.backend = "thread"    # TrajectorySource: "thread" (in this process) or "ray" (actors)
   c.rollout.num_workers = 1       # rollout workers (engines); > 1 needs backend "ray"
   c.rollout.ray_address = ""      # backend "ray": cluster address ("" = start a local Ray)
+  c.rollout.ray_num_cpus = 1.0    # backend "ray": CPUs reserved per rollout actor
+  c.rollout.ray_num_gpus = 0.0    # backend "ray": GPUs per rollout actor (e.g. 1 on a GPU node)
+  c.rollout.ray_resources = ml_collections.ConfigDict()  # other Ray resources per actor ({"TPU": 4})
+  c.rollout.ray_max_restarts = 4  # backend "ray": restarts of a dead actor (-1 = unlimited)
+  c.rollout.ray_max_outstanding = 0  # backend "ray": prompts one actor holds (0 = 2 x slots)
+  c.rollout.weight_sync = "auto"  # backend "ray": "transfer" (jax.experimental.transfer),
+                                  # "object_store" (ray.put) or "auto" (object store on CPU)
 
   c.train = ml_collections.ConfigDict()
   c.train.mode = "sao"            # sao, vapo, grpo_async or grpo_sync (sao_jax/train/modes.py)

@@ -116,8 +116,8 @@ def test_two_actors_sync_survive_sigkill_and_account_every_prompt_once(ray_clust
   from sao_jax import tasks
   from sao_jax.models.transformer import Transformer
   from sao_jax.rollout.ray_source import RaySource
-  from sao_jax.train.loop import model_config
-  from sao_jax.train.resume import PromptLedger
+  from sao_jax.pretrained import model_config
+  from sao_jax.rollout.ledger import PromptLedger
   config = _config()
   task = tasks.make_task(config)
   mcfg = model_config(config, task.tokenizer.vocab_size)
@@ -179,8 +179,8 @@ def test_an_actor_built_from_another_model_config_fails_take_at_once(ray_cluster
   from sao_jax import tasks
   from sao_jax.models.transformer import Transformer
   from sao_jax.rollout.ray_source import RaySource
-  from sao_jax.train.loop import model_config
-  from sao_jax.train.resume import PromptLedger
+  from sao_jax.pretrained import model_config
+  from sao_jax.rollout.ledger import PromptLedger
   config = _config()
   config.rollout.num_workers = 1
   task = tasks.make_task(config)

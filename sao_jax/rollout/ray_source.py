@@ -26,10 +26,12 @@ other actors keep serving meanwhile. A ticket that comes back twice is dropped (
 ``duplicates``). An error raised *inside* an actor (a model mismatch, a prompt too long, a bug)
 is not transient: ``take`` re-raises it at once as its own exception type.
 
-Driver-side policies applied in ``take`` as on the thread backend: groups (``group_size`` > 1:
-``train.modes.repeat_groups`` + ``GroupCollector``), admission control (``AdmissionControl`` is
-asked before each hand-out, with the driver's policy version) and drop-on-arrival
-(``max_staleness``), then the ledger records the consumed prompts.
+Driver-side policies applied in ``take`` as on the thread backend (the same pieces of
+``rollout.source``): groups (``group_size`` > 1: ``repeat_groups`` + ``GroupCollector``, by
+ledger position), the grpo_sync barrier (``GatedProblems``, released by ``publish``), admission
+control (``AdmissionControl`` is asked before each hand-out, with the driver's policy version)
+and drop-on-arrival (``max_staleness``); then the ledger consumes the positions taken and
+``ledger.jsonl`` records them.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ import time
 import uuid
 from typing import Any, Optional
 
-from sao_jax.rollout import weight_sync
+from sao_jax.rollout import staleness, weight_sync
+from sao_jax.rollout.ledger import append_ledger
+from sao_jax.rollout.source import GatedProblems, GroupCollector, LengthStats, repeat_groups
 from sao_jax.rollout.trajectory import Trajectory
 
 
@@ -183,7 +187,8 @@ class RolloutActor:
         self.engine, self.env, self._problems(), self._sink, self.store,
         stop_ids=self.task.stop_ids, max_new_tokens=cfg.rollout.max_new_tokens,
         max_seq_len=cfg.model.max_seq_len, seed=self.seed,
-        kv_on_update=cfg.rollout.get("kv_on_update", "keep"), env_workers=self.env_workers)
+        kv_on_update=cfg.rollout.get("kv_on_update", "keep"), env_workers=self.env_workers,
+        stop_strings=self.task.stop_strings)
 
     def run():
       try:
@@ -235,22 +240,27 @@ class RaySource:
       ``rollout.slots``: prompts one actor holds at a time), ``rollout.weight_sync`` ("auto" |
       "transfer" | "object_store"), and everything ``RolloutActor`` reads.
     model_config: the trainer's ``ModelConfig``.
-    ledger: the driver's ``PromptLedger`` (``iterator()``, ``consume(ids)``, ``state()``).
+    ledger: the driver's ``PromptLedger`` (hands out ``Handout``s; ``consume(positions)``).
     params: the initial policy params (pytree of arrays; the trainer's copy, not donated).
     version: their policy version.
     group_size: rollouts per prompt (the grpo modes; 1 = SAO).
+    synchronous: the grpo_sync barrier (prompts for batch n+1 only after step n is published).
+    batch_size: trajectories per step (the barrier's release).
     max_staleness: drop-on-arrival bound (< 0: keep everything).
     admission: an optional ``AdmissionControl`` shared with the driver.
+    run_dir: where ``ledger.jsonl`` is appended ("" = not written).
 
   Raises ValueError for a bad ``rollout.num_workers`` / ``rollout.weight_sync``.
   """
 
   def __init__(self, config, model_config, ledger, params, version: int = 0, *,
-               group_size: int = 1, max_staleness: int = -1, admission=None):
-    import ray  # pylint: disable=import-outside-toplevel
-    from sao_jax.train import modes  # pylint: disable=import-outside-toplevel
+               group_size: int = 1, synchronous: bool = False, batch_size: int = 0,
+               max_staleness: int = -1, admission=None, run_dir: str = ""):
+    import ray  # pylint: disable=import-outside-toplevel  (optional: only the ray backend)
     self._ray = ray
-    self._modes = modes
+    self.run_dir, self.batch_size = run_dir, int(batch_size)
+    self.lengths = LengthStats()
+    self._t_last = (0, time.time())
     r = config.rollout
     n = int(_config_get(r, "num_workers", 2))
     if n < 1:
@@ -269,10 +279,13 @@ class RaySource:
     self.publisher = weight_sync.WeightPublisher(transport)
     self.publisher.publish(params, version)
     self.version = int(version)
-    problems = ledger.iterator()
-    self._problems = (modes.repeat_groups(problems, self.group_size) if self.group_size > 1
-                      else problems)
-    self._collector = modes.GroupCollector(self.group_size)
+    problems = repeat_groups(ledger, self.group_size) if self.group_size > 1 else ledger
+    self.gate = None
+    if synchronous:
+      problems = self.gate = GatedProblems(problems)
+      self.gate.release(self.batch_size)
+    self._problems = problems
+    self._collector = GroupCollector(self.group_size)
     self._tickets = itertools.count()
     self._reissue: collections.deque = collections.deque()   # (ticket, problem) to hand out first
     self._arrived: collections.deque = collections.deque()   # finished, not yet taken
@@ -295,11 +308,13 @@ class RaySource:
     is done (newest wins: versions published meanwhile are skipped)."""
     self.publisher.publish(params, version)
     self.version = int(version)
+    if self.gate is not None:  # grpo_sync: the next batch starts only on the new weights
+      self.gate.release(self.batch_size)
     self._pump()
 
   def take(self, n: int, policy_version: int) -> list[Trajectory]:
     """Blocks until ``n`` trajectories (whole groups) not staler than ``max_staleness`` have
-    arrived; records their prompts in the ledger (positions in ``self.last_positions``).
+    arrived; consumes their prompts in the ledger (positions in ``self.last_positions``).
 
     Raises the actors' own error when one fails inside (non-transient), and RuntimeError when
     every actor is gone for good."""
@@ -310,10 +325,13 @@ class RaySource:
         traj = self._arrived.popleft()
         if self.admission is not None:
           self.admission.finish(accepted=not traj.info.get("failed", False))
-        units = self._collector.add(traj) if self.group_size > 1 else [[traj]]
-        for unit in units:
-          if self._modes.too_stale(unit, policy_version, self.max_staleness):
+        self.lengths.generated.append(traj.num_action_tokens)
+        for unit in self._collector.add(traj):
+          if self.max_staleness >= 0 and any(
+              staleness.is_too_stale(t, policy_version, self.max_staleness) for t in unit):
             self.counters["dropped_stale"] += len(unit)
+            self.lengths.dropped.extend(t.num_action_tokens for t in unit)
+            self.ledger.consume([unit[0].prompt_position])  # dropped work is done work
             for _ in unit if self.admission is not None else ():
               self.admission.revoke()
           else:
@@ -322,8 +340,11 @@ class RaySource:
         break
       self._pump()
       self._wait_and_collect(timeout_s=0.5)
-    ids = [t.problem_id.split(self._modes.GROUP_SEP)[0] for t in out][::self.group_size]
-    self.last_positions = self.ledger.consume(ids)
+    self.last_positions = sorted({t.prompt_position for t in out})
+    self.ledger.consume(self.last_positions)
+    self.lengths.trained.extend(t.num_action_tokens for t in out)
+    if self.run_dir:
+      append_ledger(self.run_dir, policy_version + 1, out)
     return out
 
   def metrics(self) -> dict[str, float]:
@@ -339,11 +360,20 @@ class RaySource:
     m["ray/outstanding"] = float(sum(len(a.outstanding) for a in self.actors) + len(self._reissue))
     for k in ("reissued", "duplicates", "dropped_stale"):
       m[f"ray/{k}"] = float(self.counters[k])
+    # the thread backend's names, so the driver logs the same columns
+    trajs = sum(a.trajectories for a in self.actors)
+    tokens, now = sum(self.lengths.generated), time.time()
+    last_tokens, t_last = self._t_last
+    self._t_last = (tokens, now)
+    m.update(rollout_trajectories=float(trajs), dropped_stale=float(self.counters["dropped_stale"]),
+             tokens_per_s=(tokens - last_tokens) / max(now - t_last, 1e-9),
+             env_errors_total=float(self.counters["env_errors"]),
+             **{k: v for k, v in self.lengths.summary().items() if k != "trajectories_dropped"})
     return m
 
   def state(self) -> dict:
-    """Checkpoint state: ``{"ledger": ledger.state()}``."""
-    return {"ledger": self.ledger.state()}
+    """Checkpoint state: the ledger's cursor."""
+    return self.ledger.state()
 
   def close(self) -> None:
     """Kills the actors (no restart), drops the published weights, stops a Ray this source
@@ -370,9 +400,14 @@ class RaySource:
       return self._reissue.popleft()
     if self.admission is not None and not self.admission.try_start(self.version):
       return None
+    handout = next(self._problems)
+    if handout is None:  # the grpo_sync barrier: nothing released yet
+      if self.admission is not None:
+        self.admission.finish(accepted=False)
+      return None
     ticket = next(self._tickets)
     self.handed_out.add(ticket)
-    return ticket, next(self._problems)
+    return ticket, handout
 
   def _pump(self) -> None:
     """Weights to actors that lack the newest (one pull in flight each), prompts up to the
@@ -446,6 +481,7 @@ class RaySource:
         self.returned.add(ticket)
         a.trajectories += 1
         traj.info = dict(traj.info, rollout_actor=a.index, rollout_incarnation=a.incarnation)
+        self.counters["env_errors"] += int(bool(traj.info.get("failed")))
         self._arrived.append(traj)
 
   def _on_lost(self, a: _Actor, restarted: bool = False) -> None:

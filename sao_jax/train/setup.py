@@ -17,6 +17,7 @@ from flax import nnx
 from sao_jax import faults, pretrained
 from sao_jax.envs.guard import GuardedEnv
 from sao_jax.models.transformer import Critic, ModelConfig, Transformer
+from sao_jax.rollout import staleness
 from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.ledger import PromptLedger
 from sao_jax.rollout.source import ThreadSource
@@ -105,13 +106,20 @@ def make_engine(config, policy: Policy, tokenizer, *, slots: int, temperature: f
 
 
 def make_source(config, task, policy: Policy, params, version: int, ledger: PromptLedger,
-                spec, *, start_step: int = 0, run_dir: str = "") -> ThreadSource:
+                spec, *, start_step: int = 0, run_dir: str = ""):
   """The trajectory source of ``rollout.backend`` ("thread": a rollout worker thread in this
-  process) with the mode's groups / barrier (``spec``), the staleness policy and the ledger."""
-  backend = config.rollout.get("backend", "thread")
-  if backend != "thread":
-    raise ValueError(f"rollout.backend={backend!r} is not available in this build; use "
-                     "'thread'.")
+  process; "ray": ``rollout.num_workers`` Ray rollout actors) with the mode's groups / barrier
+  (``spec``), the staleness policy and the ledger."""
+  policy_name = config.rollout.get("staleness_policy", "none")
+  eta = config.rollout.get("max_staleness", -1)
+  if config.rollout.get("backend", "thread") == "ray":  # N rollout actors (rollout/ray_source.py)
+    from sao_jax.rollout.ray_source import RaySource  # pylint: disable=import-outside-toplevel  (ray is heavy and optional)
+    admission = (staleness.AdmissionControl(eta, config.train.batch_size)
+                 if "admission" in policy_name else None)
+    return RaySource(config, policy.mcfg, ledger, params, version, group_size=spec.group_size,
+                     synchronous=spec.synchronous, batch_size=config.train.batch_size,
+                     max_staleness=eta if "drop" in policy_name else -1, admission=admission,
+                     run_dir=run_dir)
   engine = make_engine(config, policy, task.tokenizer, slots=config.rollout.slots,
                        temperature=config.rollout.temperature)
   seed = faults.step_seed(config.seed, start_step) if start_step else config.seed
@@ -126,8 +134,7 @@ def make_source(config, task, policy: Policy, params, version: int, ledger: Prom
       temperature=config.rollout.temperature, batch_size=config.train.batch_size,
       group_size=spec.group_size, synchronous=spec.synchronous,
       queue_size=config.rollout.queue_size,
-      staleness_policy=config.rollout.get("staleness_policy", "none"),
-      max_staleness=config.rollout.get("max_staleness", -1),
+      staleness_policy=policy_name, max_staleness=eta,
       kv_on_update=config.rollout.get("kv_on_update", "keep"), env_workers=env_workers,
       seed=seed, lockstep=config.rollout.get("lockstep", False), run_dir=run_dir,
       stop_strings=task.stop_strings)
