@@ -61,7 +61,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.kv_on_update = "keep" # weight update mid-rollout: "keep" stale KV or "recompute"
   c.rollout.staleness_policy = "none"  # "none", "admission", "drop" or "admission+drop"
   c.rollout.max_staleness = 4     # eta: bound on policy_version lag under a staleness policy
-  c.rollout.serve_slots = 8       # decode slots of a host's JetStream (Decode API) engine
   c.rollout.env_timeout_s = 30.0  # env.step wall-clock limit; over it the trajectory is failed
   c.rollout.env_workers = -1      # env.step threads (-1 auto: slots if tool latency, else 0)
                                   # N > 0: a slow tool call stalls only its own slot while the

@@ -35,30 +35,3 @@ class Step:
   done: bool
   reward: float
   info: dict
-
-
-# ---- the inference-host tests: configs/arith_tool.py:smoke with a tiny model ---------------------
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOST_SETTINGS = {"rollout.slots": 8, "rollout.queue_size": 2, "model.d_model": 32,
-                 "model.head_dim": 8, "model.d_ff": 64}
-
-
-def host_overrides(**extra) -> list:
-  """``--config.<field>=<value>`` flags for ``python -m sao_jax.rollout.host`` (HOST_SETTINGS plus
-  ``extra``, given with "__" for "." e.g. ``rollout__kv_on_update="recompute"``)."""
-  items = dict(HOST_SETTINGS, **{k.replace("__", "."): v for k, v in extra.items()})
-  return [f"--config.{k}={v}" for k, v in items.items()]
-
-
-def host_config(**extra):
-  """The same settings as an ``ml_collections.ConfigDict`` for the trainer side of the test."""
-  spec = importlib.util.spec_from_file_location("arith_cfg", os.path.join(ROOT, "configs",
-                                                                          "arith_tool.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config("smoke")
-  for key, value in dict(HOST_SETTINGS, **{k.replace("__", "."): v
-                                           for k, v in extra.items()}).items():
-    section, field = key.split(".")
-    c[section][field] = value
-  return c

@@ -167,7 +167,7 @@ def test_sft_demos_replay_through_the_env_to_the_reward_they_claim():
 def test_make_task_and_config_validate():
   import importlib.util  # pylint: disable=import-outside-toplevel
   from sao_jax import tasks  # pylint: disable=import-outside-toplevel
-  from sao_jax.config_validation import validate_config  # pylint: disable=import-outside-toplevel
+  from sao_jax.train.validation import validate_config  # pylint: disable=import-outside-toplevel
   spec = importlib.util.spec_from_file_location("chain_cfg",
                                                 os.path.join(ROOT, "configs", "chain_tool.py"))
   mod = importlib.util.module_from_spec(spec)

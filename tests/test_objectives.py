@@ -356,7 +356,7 @@ def test_estimator_robustness_and_guards():
   z = np.zeros((2, 5), np.float32)
   for fn in (functools.partial(algo.naive_token_gae, gamma=1.0, lam=0.9),
              functools.partial(algo.step_level_gae, gamma=1.0, lam=0.9),
-             functools.partial(algo.decoupled_gae, gamma=1.0, lam_policy=0.9)):
+             functools.partial(algo.skip_observation_gae, gamma=1.0, lam=0.9)):
     adv, ret = fn(z + 1, z + 1, z)  # all padding
     np.testing.assert_array_equal(adv, 0.0)
     np.testing.assert_array_equal(ret, 0.0)

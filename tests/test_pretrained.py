@@ -105,11 +105,14 @@ def test_every_parameter_has_logical_axes_and_specs():
   assert l0["mlp"]["gate_proj"] == ("expert", "embed", "mlp")
   assert l0["mlp"]["router"]["kernel"] == ("embed", "expert")
   assert l0["attn"]["k_proj"]["kernel"] == ("embed", "kv_heads")
-  specs = partition.partition_specs(params, {"embed": "fsdp", "mlp": "tensor",
-                                             "expert": "expert", "heads": "tensor"})
   from jax.sharding import PartitionSpec as P
+  from sao_jax.train import sharding
+
+  class _Mesh:  # only .shape is read
+    shape = {"fsdp": 2, "tensor": 2, "expert": 2}
+  specs = sharding.param_specs(params, _Mesh())
   assert specs["backbone"]["layers"][0]["mlp"]["down_proj"] == P("expert", "tensor", "fsdp")
-  assert specs["backbone"]["embed"]["embedding"] == P(None, "fsdp")
+  assert specs["backbone"]["embed"]["embedding"] == P("tensor", ("fsdp", "expert"))
   with pytest.raises(ValueError, match="no logical axes for parameter 'foo/bar'"):
     partition.axes_for_path("foo/bar", 1)
 

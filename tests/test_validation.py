@@ -160,7 +160,6 @@ OUT_OF_RANGE = [
     ("model.max_seq_len", 0, "must be >= 1"),
     ("rollout.num_workers", 0, "must be >= 1"),
     ("rollout.slots", 0, "must be >= 1"),
-    ("rollout.serve_slots", 0, "must be >= 1"),
     ("rollout.queue_size", 0, "must be >= 1"),
     ("rollout.env_timeout_s", 0.0, "must be > 0"),
     ("task.max_turns", 0, "must be >= 1"),

@@ -342,7 +342,7 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
               f"must be divisible by the number of devices ({num_devices})",
               f"use a multiple of {num_devices}"))
   for k in ("model.d_model", "model.n_layers", "model.n_heads", "model.head_dim", "model.d_ff",
-            "model.max_seq_len", "rollout.slots", "rollout.serve_slots", "rollout.max_new_tokens",
+            "model.max_seq_len", "rollout.slots", "rollout.max_new_tokens",
             "rollout.max_prefill_length", "rollout.queue_size", "eval.slots",
             "eval.periodic_problems", "sft.batch_size", "task.n_train", "task.n_eval"):
     r.append((k, lambda v: v >= 1, "must be >= 1", "use a positive integer"))

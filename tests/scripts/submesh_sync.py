@@ -1,6 +1,7 @@
 """Run by tests/test_placement.py with 8 forced CPU devices: engine on 4, trainer on 4."""
 import dataclasses
 import json
+import os
 import sys
 import threading
 import time
@@ -15,8 +16,11 @@ from sao_jax.rollout.placement import ReshardingWeightStore, replicated, split_d
 from sao_jax.rollout.staleness import take_batch
 from sao_jax.rollout.sync import TrajectoryQueue
 from sao_jax.rollout.worker import RolloutWorker
-from sao_jax.train.loop import critic_from_policy
-from sao_jax.train.sao import SAOConfig, SAOTrainer
+from sao_jax.train.learner import Learner, LearnerConfig
+from sao_jax.train.setup import critic_from_policy
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import sharding_helpers  # noqa: E402  (tests/: the reference config)
 
 CFG = ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                   d_ff=64, max_seq_len=48)
@@ -56,9 +60,12 @@ def main():
   params = jax.device_put(nnx.to_pure_dict(params), replicated(train_mesh))
   cg, cp = critic_from_policy(CFG, params, 1)
   cp = jax.device_put(cp, replicated(train_mesh))
-  trainer = SAOTrainer(SAOConfig(policy_lr=1e-3, critic_lr=1e-3, batch_length=48), graphdef,
-                       params, cg, cp, pad_id=0)
-  store = ReshardingWeightStore(trainer.policy_params_copy(), 0, replicated(engine_mesh))
+  config = sharding_helpers.arith_config()
+  config.model.max_seq_len = 48
+  config.train.policy_lr = config.train.critic_lr = 1e-3
+  trainer = Learner(LearnerConfig.from_config(config), graphdef, params, cg, cp, pad_id=0,
+                    mesh=train_mesh)
+  store = ReshardingWeightStore(trainer.policy_params(), 0, replicated(engine_mesh))
   engine = SAOEngine(CFG, graphdef, Tok(), max_concurrent_decodes=8, max_prefill_length=16,
                      mesh=engine_mesh)
   gen_intervals = []
@@ -84,10 +91,10 @@ def main():
     for t in trajs:
       versions_seen.update(t.policy_version[t.action_mask > 0].tolist())
     t0 = time.time()
-    trainer.step(trajs, policy_version=step - 1)
+    trainer.train_step(trajs, policy_version=step - 1)
     jax.block_until_ready(trainer.policy.params)
     train_intervals.append((t0, time.time()))
-    store.publish(trainer.policy_params_copy(), step)
+    store.publish(trainer.policy_params(), step)
   stop.set()
   thread.join(30)
   overlap = sum(max(0.0, min(a1, b1) - max(a0, b0))
