@@ -39,13 +39,13 @@ CHILD = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
 from configs import arith_tool
-from sao_jax.train import loop, sao
+from sao_jax.train import learner, loop
 caches = {}
-orig = sao.SAOTrainer.__init__
+orig = learner.Learner.__init__
 def init(self, *a, **k):
   orig(self, *a, **k)
   caches["trainer"] = self
-sao.SAOTrainer.__init__ = init
+learner.Learner.__init__ = init
 cfg = arith_tool.get_config("smoke")
 over = json.loads(sys.argv[2])
 for key, val in over.items():
@@ -56,16 +56,15 @@ for key, val in over.items():
   node[parts[-1]] = val
 summary = loop.run(cfg)
 t = caches["trainer"]
-def size(f):
-  return f._cache_size() if hasattr(f, "_cache_size") else -1
+compiles = t.compilations()
 peak = 0
 for line in open("/proc/self/status"):
   if line.startswith("VmHWM"):
     peak = int(line.split()[1]) * 1024
 print("BENCH_JSON " + json.dumps({"summary": {k: v for k, v in summary.items()
                                                if isinstance(v, (int, float))},
-    "peak_rss": peak, "cache_policy": size(t._policy_step), "cache_critic": size(t._critic_step),
-    "cache_adv": size(getattr(t, "_adv", None))}))
+    "peak_rss": peak, "cache_policy": compiles.get("policy", -1),
+    "cache_critic": compiles.get("critic", -1), "cache_adv": compiles.get("targets", -1)}))
 """
 
 

@@ -33,7 +33,8 @@ from flax import nnx
 
 from sao_jax.models import hf
 from sao_jax.models.transformer import Critic, ModelConfig, Transformer, default_positions
-from sao_jax.train import optim, steps
+from sao_jax.train.batch import Batch
+from sao_jax.train import steps
 
 CONFIGS = {
     "tiny": ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
@@ -150,30 +151,28 @@ def main():
     with tempfile.TemporaryDirectory() as d:
       hf.save_hf_checkpoint(d, cfg, params)
       t_policy, t_critic = torch_steps(d, cfg, np_batch)
-    # the critic peer starts from the policy weights; so does ours (critic_from_policy in loop)
+    # the critic peer starts from the policy weights; so does ours (setup.critic_from_policy)
     c_params["backbone"] = jax.tree.map(jnp.copy, params)
-    p_tx = optim.make_optimizer(params, lr=LR, max_grad_norm=1.0)
-    c_tx = optim.make_optimizer(c_params, lr=LR, max_grad_norm=1.0, frozen_patterns=(r"/attn/",))
-    p_step = steps.make_policy_step(graphdef, p_tx, eps_low=EPS_LOW, eps_high=EPS_HIGH)
-    c_step = steps.make_critic_step(c_graphdef, c_tx)
-    state = {"p": steps.TrainState.create(params, p_tx),
-             "c": steps.TrainState.create(c_params, c_tx)}
-    batch = {k: jnp.asarray(v) for k, v in np_batch.items()}
-    pb = {k: batch[k] for k in ("tokens", "action_mask", "rollout_logprobs", "advantages")}
-    cb = {k: batch[k] for k in ("tokens", "action_mask", "returns", "values")}
+    learner, p_step, c_step = common.learner_steps(graphdef, params, c_graphdef, c_params, LR)
+    state = {"p": learner.policy, "c": learner.critic}
+    batch = Batch.of(np_batch["tokens"], np_batch["action_mask"],
+                     rollout_logprobs=np_batch["rollout_logprobs"])
+    adv = jnp.asarray(np_batch["advantages"])
+    targets = {"returns": jnp.asarray(np_batch["returns"]),
+               "values": jnp.asarray(np_batch["values"])}
     t0 = time.perf_counter()
-    p_step.lower(state["p"], pb).compile()
+    p_step.lower(state["p"], batch, adv, None).compile()
     compile_info[f"{name}/policy_compile_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    c_step.lower(state["c"], cb).compile()
+    c_step.lower(state["c"], batch, targets).compile()
     compile_info[f"{name}/critic_compile_s"] = time.perf_counter() - t0
 
     def ours_policy():
-      state["p"], m = p_step(state["p"], pb)
+      state["p"], m = p_step(state["p"], batch, adv, None)
       return m["policy_loss"]
 
     def ours_critic():
-      state["c"], m = c_step(state["c"], cb)
+      state["c"], m = c_step(state["c"], batch, targets)
       return m["value_loss"]
 
     times = common.time_interleaved({"ours policy": ours_policy, "torch policy": t_policy,

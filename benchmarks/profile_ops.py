@@ -27,7 +27,7 @@ from flax import nnx
 
 import bench_train_step as bts  # pylint: disable=import-error
 from sao_jax.models.transformer import Critic, Transformer
-from sao_jax.train import optim, steps
+from sao_jax.train.batch import Batch
 
 
 def _stack_frames(hlo_text: str):
@@ -121,26 +121,28 @@ def main():
   cfg = bts.CONFIGS[args.config]
   b, t = (2, 32) if args.quick else (8, 256)
   n = 2 if args.quick else args.repeats
-  batch = {k: jnp.asarray(v) for k, v in bts.make_batch(cfg, b, t).items()}
-  if args.step == "policy":
-    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
-    tx = optim.make_optimizer(nnx.to_pure_dict(params), lr=1e-5, max_grad_norm=1.0)
-    step = steps.make_policy_step(graphdef, tx, eps_low=0.3, eps_high=5.0)
-    keys, metric = ("tokens", "action_mask", "rollout_logprobs", "advantages"), "policy_loss"
+  np_batch = bts.make_batch(cfg, b, t)
+  batch = Batch.of(np_batch["tokens"], np_batch["action_mask"],
+                   rollout_logprobs=np_batch["rollout_logprobs"])
+  graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+  c_graphdef, c_params = nnx.split(Critic(cfg, rngs=nnx.Rngs(1)))
+  learner, p_step, c_step = common.learner_steps(graphdef, nnx.to_pure_dict(params), c_graphdef,
+                                                 nnx.to_pure_dict(c_params), 1e-5)
+  if args.step == "policy":  # the main job's jitted steps (train/learner.py)
+    step, metric = p_step, "policy_loss"
+    extra = (jnp.asarray(np_batch["advantages"]), None)
+    state = {"s": learner.policy}
   else:
-    graphdef, params = nnx.split(Critic(cfg, rngs=nnx.Rngs(1)))
-    tx = optim.make_optimizer(nnx.to_pure_dict(params), lr=1e-5, max_grad_norm=1.0,
-                              frozen_patterns=(r"/attn/",))
-    step = steps.make_critic_step(graphdef, tx)
-    keys, metric = ("tokens", "action_mask", "returns", "values"), "value_loss"
-  batch = {k: batch[k] for k in keys}
-  state = {"s": steps.TrainState.create(nnx.to_pure_dict(params), tx)}
-  compiled = step.lower(state["s"], batch).compile()
+    step, metric = c_step, "value_loss"
+    extra = ({"returns": jnp.asarray(np_batch["returns"]),
+              "values": jnp.asarray(np_batch["values"])},)
+    state = {"s": learner.critic}
+  compiled = step.lower(state["s"], batch, *extra).compile()
   text = compiled.as_text()
   temp_mb = compiled.memory_analysis().temp_size_in_bytes / 2**20
 
   def run():
-    state["s"], m = step(state["s"], batch)
+    state["s"], m = step(state["s"], batch, *extra)
     return jax.block_until_ready(m[metric])
 
   for _ in range(3):

@@ -16,6 +16,7 @@ import bench_train_step as bts  # pylint: disable=import-error
 from sao_jax import algo
 from sao_jax.models.transformer import Transformer, default_positions
 from sao_jax.train import optim, steps
+from sao_jax.train.batch import Batch
 
 
 def main():
@@ -49,12 +50,15 @@ def main():
   opt_state, plain_state = tx.init(params), plain_tx.init(params)
   upd = jax.jit(lambda g, s, p: tx.update(g, s, p))
   plain_upd = jax.jit(lambda g, s, p: plain_tx.update(g, s, p))
-  full = steps.make_policy_step(graphdef, tx, eps_low=0.3, eps_high=5.0)
-  st = {"s": steps.TrainState.create(jax.tree.map(jnp.copy, params), tx)}
+  learner, full, _ = common.learner_steps(graphdef, params, None, None, 1e-5, mode="grpo_sync",
+                                          objective="dis")  # policy only (no critic)
+  st = {"s": learner.policy}
+  full_batch = Batch.of(batch["tokens"], batch["action_mask"],
+                        rollout_logprobs=batch["rollout_logprobs"])
   g = grad(params)
 
   def full_step():
-    st["s"], m = full(st["s"], batch)
+    st["s"], m = full(st["s"], full_batch, batch["advantages"], None)
     return m["policy_loss"]
 
   times = common.time_interleaved({

@@ -186,7 +186,7 @@ class Learner:
     spec = self.policy_sh.logits_spec if kind == "logits" else self.policy_sh.values_spec
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
-  def _steps(self, microbatches: int):
+  def jitted_steps(self, microbatches: int = 1):
     """The jitted steps for ``microbatches`` micro-batches: (targets, critic, policy, metrics).
 
     Shardings: params and optimizer states as ``sharding.make_step_shardings`` lays them out
@@ -265,7 +265,7 @@ class Learner:
 
     Returns float metrics (the same on every process) and ``staleness_hist`` (list of int:
     entry s = action tokens with staleness s against ``policy_version``)."""
-    targets_fn, critic_fn, policy_fn, metrics_fn = self._steps(microbatches)
+    targets_fn, critic_fn, policy_fn, metrics_fn = self.jitted_steps(microbatches)
     targets = targets_fn(self.critic.params if self.uses_critic else None, batch)
     out = {}
     for _ in range(self.cfg.critic_updates_per_step if self.uses_critic else 0):
@@ -279,7 +279,7 @@ class Learner:
     update. Returns {} for a critic-free estimator."""
     if not self.uses_critic:
       return {}
-    targets_fn, critic_fn, _, metrics_fn = self._steps(microbatches)
+    targets_fn, critic_fn, _, metrics_fn = self.jitted_steps(microbatches)
     targets = targets_fn(self.critic.params, batch)
     out = {}
     for _ in range(self.cfg.critic_updates_per_step):
