@@ -53,6 +53,7 @@ BAD_ENUMS = {
     "rollout.kv_on_update": "sometimes",
     "rollout.staleness_policy": "drop+admission",
     "rollout.backend": "k8s",
+    "rollout.weight_sync": "carrier_pigeon",
     "model.dtype": "float8",
     "model.param_dtype": "int8",
     "task.name": "chess",
