@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import glob
-import os
 import re
 import resource
 import tempfile

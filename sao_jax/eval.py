@@ -44,9 +44,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
-from collections import defaultdict
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -54,6 +52,19 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from sao_jax import pretrained
+from sao_jax.data.jsonl import read_jsonl
+from sao_jax.envs.grading import grade
+from flax import nnx
+from sao_jax.models.transformer import Transformer
+from sao_jax.rollout.engine import SAOEngine
+from sao_jax.rollout.sync import WeightStore
+from sao_jax.rollout.worker import RolloutWorker
+from sao_jax.train.checkpoint import load_policy_params
+from sao_jax.data import jsonl
+from sao_jax import tasks
+from sao_jax.envs.math_env import MathEnv
+from sao_jax.rollout.worker import env_workers_for
+from sao_jax.data import split
 
 FLAGS = flags.FLAGS
 
@@ -150,8 +161,6 @@ def evaluate_pass_at_k(problems: Sequence, rollout: Callable[[list], list], n: i
 def responses_rollout(path: str, problems: Sequence) -> Callable[[list], list]:
   """A rollout that grades responses from ``path`` (JSONL ``{"id", "response"}``) with
   ``sao_jax.envs.grading.grade``; sample j of a problem is its j-th line in the file."""
-  from sao_jax.data.jsonl import read_jsonl  # pylint: disable=import-outside-toplevel
-  from sao_jax.envs.grading import grade  # pylint: disable=import-outside-toplevel
   answers = {str(p.id): p.answer for p in problems}
   rows = read_jsonl(path, required=("id", "response"))
 
@@ -176,11 +185,6 @@ def engine_rollout(config, params, mcfg, task, *, temperature: float, max_new_to
   (default the task's eval env) answers every turn -- multi-turn with the sandboxed tool for
   ``tir_math``, ``env_workers`` threads running ``env.step`` off the decode loop. Finished
   ``Trajectory`` objects are appended to ``trajectories`` when given (turns, tool calls)."""
-  from flax import nnx  # pylint: disable=import-outside-toplevel
-  from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
-  from sao_jax.rollout.engine import SAOEngine  # pylint: disable=import-outside-toplevel
-  from sao_jax.rollout.sync import WeightStore  # pylint: disable=import-outside-toplevel
-  from sao_jax.rollout.worker import RolloutWorker  # pylint: disable=import-outside-toplevel
   env = env if env is not None else (task.eval_env if task.eval_env is not None else task.env)
   graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))[0]
   engine = SAOEngine(mcfg, graphdef, task.tokenizer, max_concurrent_decodes=config.eval.slots,
@@ -206,9 +210,6 @@ def load_params(config, checkpoint: str, vocab_size: int):
   (``config.model.checkpoint_dir`` / ``model.gguf``, shapes from the checkpoint), an orbax
   ``checkpoint`` written by ``sao_jax.main``, or random init when there is none and the config
   allows it. Raises ValueError naming the flag to set."""
-  from flax import nnx  # pylint: disable=import-outside-toplevel
-  from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
-  from sao_jax.train.checkpoint import load_policy_params  # pylint: disable=import-outside-toplevel
   if not checkpoint or checkpoint == config.model.checkpoint_dir:
     loaded = pretrained.load_model(config)
     if loaded:
@@ -254,7 +255,6 @@ def format_protocol_table(rows: Sequence[dict]) -> str:
 
 
 def _benchmark_path(name: str) -> str:
-  from sao_jax.data import jsonl  # pylint: disable=import-outside-toplevel
   return name if os.path.exists(name) or os.sep in name else jsonl.packaged_path(name)
 
 
@@ -279,9 +279,6 @@ def main(argv):
   ks = [int(k) for k in FLAGS.k] if FLAGS.k else default_ks(FLAGS.n)
   if FLAGS.n < 1 or any(not 1 <= k <= FLAGS.n for k in ks):
     raise app.UsageError(f"--k={ks} and --n={FLAGS.n}: need n >= 1 and every k in [1, n].")
-  from sao_jax import tasks  # pylint: disable=import-outside-toplevel
-  from sao_jax.data import jsonl  # pylint: disable=import-outside-toplevel
-  from sao_jax.envs.math_env import MathEnv  # pylint: disable=import-outside-toplevel
   task = None if FLAGS.responses else tasks.make_task(config)
   env = None
   if FLAGS.benchmark:
@@ -303,7 +300,6 @@ def main(argv):
     rollout = responses_rollout(FLAGS.responses, problems)
     source = f"responses {FLAGS.responses}"
   else:
-    from sao_jax.rollout.worker import env_workers_for  # pylint: disable=import-outside-toplevel
     mcfg, params = load_params(config, checkpoint, task.tokenizer.vocab_size)
     rollout = engine_rollout(config, params, mcfg, task, temperature=FLAGS.temperature,
                              max_new_tokens=FLAGS.max_new_tokens or config.rollout.max_new_tokens,
@@ -336,9 +332,6 @@ def _main_protocol(config) -> None:
   """The paper's evaluation: every benchmark of ``split.PAPER_BENCHMARKS`` (or ``--benchmarks``)
   with its own sample count (16; BeyondAIME 4), temperature 1.0, top-p 1.0, multi-turn with the
   config's environment (the Python tool for ``configs/aime.py``); prints the table."""
-  from sao_jax import tasks  # pylint: disable=import-outside-toplevel
-  from sao_jax.data import split  # pylint: disable=import-outside-toplevel
-  from sao_jax.rollout.worker import env_workers_for  # pylint: disable=import-outside-toplevel
   benches = {b.name: b for b in split.PAPER_BENCHMARKS}
   names = FLAGS.benchmarks or list(benches)
   unknown = [b for b in names if b not in benches]

@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from sao_jax.train.metric_defs import PREFIXES
+import csv
 
 
 def load_records(run_dir: str) -> list[dict]:
@@ -106,7 +107,6 @@ def _results(run_dir: str) -> dict:
   path = os.path.join(run_dir, "results.csv")
   if not os.path.isfile(path):
     return {}
-  import csv  # pylint: disable=import-outside-toplevel
   with open(path, encoding="utf-8") as f:
     rows = list(csv.reader(f))
   return {r[0]: r[1] for r in rows[1:] if len(r) == 2}
@@ -119,9 +119,9 @@ def _empty(ax, what: str):
 
 def dashboard(records: Sequence[dict], title: str = "", results: Optional[dict] = None):
   """A matplotlib Figure (3 x 2 panels, 15 x 13 inches) for ``records``; see the module doc."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib  # pylint: disable=import-outside-toplevel  (matplotlib loads only when a plot is drawn)
   matplotlib.use("Agg", force=False)
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel  (matplotlib loads only when a plot is drawn)
 
   plt.rcParams.update({"font.size": 11, "axes.titlesize": 13, "axes.titleweight": "bold",
                        "axes.grid": True, "grid.alpha": 0.3, "legend.fontsize": 10})
@@ -257,7 +257,7 @@ def dashboard(records: Sequence[dict], title: str = "", results: Optional[dict] 
          ylabel="wall time [s] (step 1 includes jit compilation)")
   if ax.get_ylim()[0] != 0:
     ax.set_ylim(bottom=0)
-  from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=import-outside-toplevel  (matplotlib loads only when a plot is drawn)
   for a in axes.flat:
     a.xaxis.set_major_locator(MaxNLocator(integer=True))
 
@@ -279,7 +279,7 @@ def write_dashboard(run_dir: str, out: Optional[str] = None, dpi: int = 100) -> 
   fig = dashboard(records, title=os.path.basename(os.path.normpath(run_dir)),
                   results=_results(run_dir))
   fig.savefig(out, dpi=dpi)
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel  (matplotlib loads only when a plot is drawn)
   plt.close(fig)
   return out
 

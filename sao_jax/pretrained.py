@@ -12,6 +12,9 @@ import os
 from typing import Optional
 
 from sao_jax.models.transformer import ModelConfig
+from sao_jax.data.hf_tokenizer import HFTokenizer
+from sao_jax.models.gguf_loader import load_gguf
+from sao_jax.models.hf import load_hf_checkpoint
 
 
 def source(config) -> str:
@@ -26,7 +29,6 @@ def source(config) -> str:
 
 def load_tokenizer(config):
   """The checkpoint's ``HFTokenizer`` for "hf"/"gguf" sources, else None."""
-  from sao_jax.data.hf_tokenizer import HFTokenizer  # pylint: disable=import-outside-toplevel
   kind = source(config)
   if kind == "gguf":
     return HFTokenizer.from_gguf(config.model.gguf)
@@ -52,9 +54,7 @@ def load_model(config) -> Optional[tuple]:
   kw = dict(max_seq_len=config.model.max_seq_len, dtype=config.model.dtype,
             param_dtype=config.model.get("param_dtype", "float32"))
   if kind == "gguf":
-    from sao_jax.models.gguf_loader import load_gguf  # pylint: disable=import-outside-toplevel
     return load_gguf(config.model.gguf, **kw)
   if kind == "hf":
-    from sao_jax.models.hf import load_hf_checkpoint  # pylint: disable=import-outside-toplevel
     return load_hf_checkpoint(config.model.checkpoint_dir, **kw)
   return None

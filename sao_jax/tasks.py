@@ -6,6 +6,17 @@ import dataclasses
 from typing import Any, Optional
 
 import numpy as np
+from sao_jax.data.tokenizer import CharTokenizer
+from sao_jax import pretrained
+from sao_jax.envs import arith_tool
+from sao_jax.envs import chain_tool
+from sao_jax.envs import arith_tool, style_switch
+from sao_jax.data import jsonl
+from sao_jax.envs.math_env import MathEnv
+from sao_jax.envs.chat_math import ChatMathEnv
+from sao_jax.data import split
+from sao_jax.envs.sandbox import SandboxLimits
+from sao_jax.envs.tir_math import TirMathEnv
 
 
 @dataclasses.dataclass
@@ -33,12 +44,9 @@ def make_task(config) -> Task:
   "paper_mix", checked against every evaluation set by ``sao_jax.data.split``).
 
   Raises ValueError for an unknown task name."""
-  from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel
-  from sao_jax import pretrained  # pylint: disable=import-outside-toplevel
   name = config.task.name
   tok = pretrained.load_tokenizer(config) or CharTokenizer()
   if name == "arith_tool":
-    from sao_jax.envs import arith_tool  # pylint: disable=import-outside-toplevel
     train = arith_tool.make_problems(config.task.n_train, seed=config.seed, split="train")
     evals = arith_tool.make_problems(config.task.n_eval, seed=config.seed, split="eval")
     env = arith_tool.ArithToolEnv(
@@ -52,7 +60,6 @@ def make_task(config) -> Task:
                                         p_guess_correct=config.sft.p_guess_correct)
     return Task(tok, env, train, evals, tuple(tok.stop_ids), demos, eval_env)
   if name == "chain_tool":  # 3-5 chained calculator calls (envs/chain_tool.py)
-    from sao_jax.envs import chain_tool  # pylint: disable=import-outside-toplevel
     t = config.task
     lengths = tuple(t.get("chain_lengths", chain_tool.DEFAULT_LENGTHS))
     weights = tuple(t.get("chain_weights", chain_tool.DEFAULT_WEIGHTS))
@@ -70,7 +77,6 @@ def make_task(config) -> Task:
                                         reliable_calls=config.sft.get("reliable_calls", 3))
     return Task(tok, env, train, evals, tuple(tok.stop_ids), demos, eval_env)
   if name == "style_switch":  # online-learning task (experiments/online_style.py)
-    from sao_jax.envs import arith_tool, style_switch  # pylint: disable=import-outside-toplevel
     train = arith_tool.make_problems(config.task.n_train, seed=config.seed, split="train")
     evals = arith_tool.make_problems(config.task.n_eval, seed=config.seed, split="eval")
     env = style_switch.StyleSwitchEnv(
@@ -81,9 +87,6 @@ def make_task(config) -> Task:
                                           p_guess_correct=config.sft.p_guess_correct)
     return Task(tok, env, train, evals, tuple(tok.stop_ids), demos)
   if name == "math":
-    from sao_jax.data import jsonl  # pylint: disable=import-outside-toplevel
-    from sao_jax.envs.math_env import MathEnv  # pylint: disable=import-outside-toplevel
-    from sao_jax.envs.chat_math import ChatMathEnv  # pylint: disable=import-outside-toplevel
 
     def load(f):
       return jsonl.load_math_problems(jsonl.packaged_path(f) if "/" not in f else f,
@@ -109,9 +112,6 @@ def make_task(config) -> Task:
 
 def _make_tir_math(config, tok) -> Task:
   """The tool-integrated math task (``make_task`` doc)."""
-  from sao_jax.data import split  # pylint: disable=import-outside-toplevel
-  from sao_jax.envs.sandbox import SandboxLimits  # pylint: disable=import-outside-toplevel
-  from sao_jax.envs.tir_math import TirMathEnv  # pylint: disable=import-outside-toplevel
   t = config.task
   names = split.parse_file_list(t.train_file or "paper_mix")
   eval_file = t.get("eval_file", "") or "aime25.jsonl"

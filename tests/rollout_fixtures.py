@@ -1,8 +1,6 @@
 """Toy model config, tokenizer, problem and env-step types shared by the rollout tests."""
 
 import dataclasses
-import importlib.util
-import os
 
 from sao_jax.models.transformer import ModelConfig
 

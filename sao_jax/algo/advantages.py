@@ -16,9 +16,10 @@ Array = chex.Array
 Numeric = chex.Numeric
 
 
-def _float_dtype(*arrays: Array) -> jnp.dtype:
-  """At least float32; float64 stays float64 (bf16 / f16 / ints are upcast)."""
-  dtypes = [jnp.asarray(a).dtype for a in arrays]
+def float_dtype(*arrays: Array) -> jnp.dtype:
+  """The compute dtype of the algo kernels: the floating inputs' result type, at least float32
+  (float64 stays float64; bf16 / f16 are upcast); None and non-float inputs are ignored."""
+  dtypes = [jnp.asarray(a).dtype for a in arrays if a is not None]
   dtypes = [d for d in dtypes if jnp.issubdtype(d, jnp.floating)]
   return jnp.result_type(*dtypes, jnp.float32)
 
@@ -82,7 +83,7 @@ def skip_observation_gae(
   chex.assert_rank(gamma, 0)
   chex.assert_rank(lam, {0, 1})
   batch = rewards.shape[0]
-  dtype = _float_dtype(rewards, values)
+  dtype = float_dtype(rewards, values)
 
   lam = jnp.asarray(lam, dtype)
   if lam.ndim == 1:
@@ -176,7 +177,7 @@ def running_mean_baseline_advantage(reward: Array, window: Array) -> Array:
   reward = jnp.asarray(reward)
   if window.ndim < 1:
     raise ValueError(f'window must have rank >= 1, got shape {window.shape}.')
-  dtype = _float_dtype(reward, window)
+  dtype = float_dtype(reward, window)
   size = window.shape[-1]
   baseline = jnp.sum(window.astype(dtype), axis=-1) / max(size, 1)
   return reward.astype(dtype) - baseline

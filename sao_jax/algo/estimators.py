@@ -25,15 +25,10 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from sao_jax.algo.advantages import skip_observation_gae
+from sao_jax.algo.advantages import float_dtype, skip_observation_gae
 
 Array = chex.Array
 Numeric = chex.Numeric
-
-
-def _float_dtype(*arrays) -> jnp.dtype:
-  dtypes = [jnp.asarray(a).dtype for a in arrays]
-  return jnp.result_type(*[d for d in dtypes if jnp.issubdtype(d, jnp.floating)], jnp.float32)
 
 
 def response_span(action_mask: Array) -> Array:
@@ -118,7 +113,7 @@ def step_level_gae(rewards: Array, values: Array, action_mask: Array, gamma: Num
                      '(train.advantage_estimator step_gae_mean / step_gae_last).')
   chex.assert_rank([rewards, values, action_mask], 2)
   chex.assert_equal_shape([rewards, values, action_mask])
-  dtype = _float_dtype(rewards, values)
+  dtype = float_dtype(rewards, values)
   b, t = rewards.shape
   is_action = jnp.asarray(action_mask).astype(bool)
   tid, num_turns = turn_index(is_action)
@@ -170,7 +165,7 @@ def grpo_advantages(rewards: Array, normalize_std: bool = True, eps: Numeric = 1
     AssertionError (chex) if `rewards` is not rank 2.
   """
   chex.assert_rank(rewards, 2)
-  dtype = _float_dtype(rewards)
+  dtype = float_dtype(rewards)
   r = jnp.asarray(rewards).astype(dtype)
   centred = r - jnp.mean(r, axis=-1, keepdims=True)
   if not normalize_std:
@@ -182,7 +177,7 @@ def broadcast_to_tokens(row_advantages: Array, action_mask: Array) -> Array:
   """`[B]` per-trajectory advantages onto each row's action tokens -> `[B, T]` (0 elsewhere)."""
   chex.assert_rank([row_advantages, action_mask], [1, 2])
   chex.assert_equal_shape_prefix([row_advantages, action_mask], 1)
-  dtype = _float_dtype(row_advantages)
+  dtype = float_dtype(row_advantages)
   is_action = jnp.asarray(action_mask).astype(bool)
   return jnp.where(is_action, jnp.asarray(row_advantages, dtype)[:, None], 0.0)
 
@@ -203,7 +198,7 @@ def group_normalized_advantages(reward: Array, group_id: Array, normalize_std: b
     `[B]` per-row advantages, at least float32.
   """
   chex.assert_rank([reward, group_id], 1)
-  dtype = _float_dtype(reward)
+  dtype = float_dtype(reward)
   r = jnp.asarray(reward).astype(dtype)
   n = r.shape[0]
   gid = jnp.where(group_id >= 0, group_id, n)
@@ -219,7 +214,7 @@ def baseline_advantages(reward: Array, baseline: Array) -> Array:
   """`reward - baseline` per row `[B]` (running-mean baselines; the window is host state,
   `sao_jax.train.baselines.RunningMeanBaseline`). Source: SAO paper, running-mean ablation."""
   chex.assert_rank([reward, baseline], 1)
-  dtype = _float_dtype(reward, baseline)
+  dtype = float_dtype(reward, baseline)
   return jnp.asarray(reward, dtype) - jnp.asarray(baseline, dtype)
 
 

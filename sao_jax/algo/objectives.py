@@ -84,16 +84,13 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from sao_jax.algo.advantages import float_dtype
+
 Array = chex.Array
 Numeric = chex.Numeric
 
 LOG_RATIO_CLIP = 20.0
 AGGREGATIONS = ('token_mean', 'seq_mean', 'sum_norm')
-
-
-def _dtype(*arrays) -> jnp.dtype:
-  return jnp.result_type(*[jnp.asarray(a).dtype for a in arrays if a is not None],
-                         jnp.float32)
 
 
 def _safe_exp(log_ratio: Array) -> Array:
@@ -226,7 +223,7 @@ def _prepare(logprobs, rollout_logprobs, advantages, action_mask, old_logprobs):
   if old_logprobs is not None:
     chex.assert_equal_shape([logprobs, old_logprobs])
     chex.assert_type(old_logprobs, float)
-  dtype = _dtype(logprobs, rollout_logprobs, advantages, old_logprobs)
+  dtype = float_dtype(logprobs, rollout_logprobs, advantages, old_logprobs)
   sg = jax.lax.stop_gradient
   is_action = jnp.asarray(action_mask).astype(bool)
   logprobs = logprobs.astype(dtype)

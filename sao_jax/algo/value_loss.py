@@ -11,13 +11,10 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from sao_jax.algo.advantages import float_dtype
+
 Array = chex.Array
 Numeric = chex.Numeric
-
-
-def _compute_dtype(*arrays: Array) -> jnp.dtype:
-  """At least float32; float64 stays float64 (bf16 / f16 are upcast)."""
-  return jnp.result_type(*[jnp.asarray(a).dtype for a in arrays], jnp.float32)
 
 
 def value_loss(
@@ -71,7 +68,7 @@ def value_loss(
     chex.assert_equal_shape([values, old_values])
     chex.assert_type(old_values, float)
     arrays.append(old_values)
-  dtype = _compute_dtype(*arrays)
+  dtype = float_dtype(*arrays)
 
   is_action = jnp.asarray(action_mask).astype(bool)
   denom = jnp.maximum(jnp.sum(is_action, dtype=dtype), 1.0)
@@ -139,7 +136,7 @@ def explained_variance(
   chex.assert_rank([values, returns, action_mask], 2)
   chex.assert_equal_shape([values, returns, action_mask])
   chex.assert_type([values, returns], float)
-  dtype = _compute_dtype(values, returns)
+  dtype = float_dtype(values, returns)
   is_action = jnp.asarray(action_mask).astype(bool)
   denom = jnp.maximum(jnp.sum(is_action, dtype=dtype), 1.0)
   values = jax.lax.stop_gradient(values.astype(dtype))

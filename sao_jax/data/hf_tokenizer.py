@@ -17,6 +17,12 @@ from __future__ import annotations
 import json
 import os
 from typing import Any, Iterable, Optional, Sequence
+from tokenizers import Tokenizer
+from gguf import GGUFReader
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+from sao_jax.models.gguf_loader import resolve_gguf_path
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # ChatML, used when a checkpoint ships no template (SmolLM2, Qwen style)
 CHATML_TEMPLATE = (
@@ -73,7 +79,6 @@ class HFTokenizer:
     """From a checkpoint folder with ``tokenizer.json`` (and optionally
     ``tokenizer_config.json``: eos/bos/pad tokens and ``chat_template``; or a
     ``chat_template.jinja`` file). Raises FileNotFoundError naming the missing file."""
-    from tokenizers import Tokenizer  # pylint: disable=import-outside-toplevel
     tj = os.path.join(path, "tokenizer.json")
     if not os.path.isfile(tj):
       raise FileNotFoundError(f"{path!r} has no tokenizer.json (the `tokenizers` format); "
@@ -111,9 +116,6 @@ class HFTokenizer:
     """Byte-level BPE rebuilt from a llama.cpp GGUF's ``tokenizer.ggml.*`` vocab and merges
     (single-digit pre-split, as SmolLM2's ``smollm`` pre-tokenizer); chat template from
     ``tokenizer.chat_template`` or ChatML. ``path``: a ``.gguf`` file or ``"smollm2"``."""
-    from gguf import GGUFReader  # pylint: disable=import-outside-toplevel
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers  # pylint: disable=import-outside-toplevel
-    from sao_jax.models.gguf_loader import resolve_gguf_path  # pylint: disable=import-outside-toplevel
     reader = GGUFReader(resolve_gguf_path(path))
 
     def field(k, default=None):
@@ -215,8 +217,6 @@ _TEMPLATES: dict = {}
 
 def _compiled(source: str):
   if source not in _TEMPLATES:
-    import jinja2.ext  # pylint: disable=import-outside-toplevel
-    from jinja2.sandbox import ImmutableSandboxedEnvironment  # pylint: disable=import-outside-toplevel
 
     def raise_exception(message):
       raise ValueError(f"chat template: {message}")

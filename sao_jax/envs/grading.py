@@ -38,6 +38,8 @@ import functools
 import logging
 import re
 from typing import Any
+from math_verify import parse
+from math_verify import parse, verify
 
 MAX_PRED_CHARS = 200
 MAX_RESULT_DIGITS = 2_000_000
@@ -172,13 +174,11 @@ def _wrap(expr: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _parse_gold(answer: str) -> tuple[Any, ...]:
-    from math_verify import parse
 
     return tuple(parse(_wrap(answer), parsing_timeout=None))
 
 
 def _math_verify_equal(pred: str, answer: str) -> bool:
-    from math_verify import parse, verify
 
     gold = list(_parse_gold(answer))
     if not gold:

@@ -20,6 +20,8 @@ import numpy as np
 
 from sao_jax.models.hf import params_from_tensors
 from sao_jax.models.transformer import ModelConfig
+from gguf.quants import dequantize
+from gguf import GGUFReader
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -99,7 +101,6 @@ def config_from_gguf(reader, *, max_seq_len: Optional[int] = None, dtype: str = 
 
 def gguf_hf_tensors(reader, cfg: ModelConfig) -> Iterator[tuple[str, np.ndarray]]:
   """(HF name, dequantized float32 array in HF [out, in] layout), one tensor at a time."""
-  from gguf.quants import dequantize  # pylint: disable=import-outside-toplevel
   for t in reader.tensors:
     shape = [int(x) for x in reversed(t.shape.tolist())]
     w = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
@@ -123,7 +124,6 @@ def load_gguf(path: str, *, max_seq_len: Optional[int] = None, dtype: str = "flo
 
   ``path``: a ``.gguf`` file or ``"smollm2"``. Raises FileNotFoundError / ValueError (see
   ``config_from_gguf`` and ``sao_jax.models.hf.params_from_tensors``)."""
-  from gguf import GGUFReader  # pylint: disable=import-outside-toplevel
   path = resolve_gguf_path(path)
   reader = GGUFReader(path)
   cfg = config_from_gguf(reader, max_seq_len=max_seq_len, dtype=dtype, param_dtype=param_dtype)

@@ -39,6 +39,8 @@ import numpy as np
 from flax import nnx
 
 from sao_jax.models.transformer import ModelConfig, Transformer
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 SUPPORTED_ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
@@ -338,7 +340,6 @@ def read_hf_config(path: str) -> dict:
 
 
 def _stream(files: list[str]) -> Iterator[tuple[str, np.ndarray]]:
-  from safetensors import safe_open  # pylint: disable=import-outside-toplevel
   for fn in files:
     with safe_open(fn, framework="numpy") as f:
       for name in f.keys():
@@ -355,7 +356,6 @@ def load_hf_checkpoint(path: str, *, max_seq_len: Optional[int] = None, dtype: s
   Raises FileNotFoundError (folder / config / shard missing), ValueError (unsupported
   architecture, missing or unexpected tensor, shape mismatch: each names the tensor).
   """
-  from safetensors import safe_open  # pylint: disable=import-outside-toplevel
   files = checkpoint_files(path)
   cfg = config_from_hf(read_hf_config(path), max_seq_len=max_seq_len, dtype=dtype,
                        param_dtype=param_dtype)
@@ -388,7 +388,6 @@ def save_hf_checkpoint(path: str, cfg: ModelConfig, params: dict, *,
   host memory at a time. ``hf_config``: the original ``config.json`` dict to keep (its other keys,
   e.g. token ids, survive); default ``config_to_hf(cfg)``. Returns the written weight files.
   """
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
   os.makedirs(path, exist_ok=True)
   shards: list[dict] = [{}]
   size = 0

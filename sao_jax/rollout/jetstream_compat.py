@@ -62,8 +62,8 @@ from jetstream.engine import tokenizer_pb2  # noqa: E402
 
 
 def _import_core(name: str):
-  import importlib  # pylint: disable=import-outside-toplevel
-  import logging  # pylint: disable=import-outside-toplevel
+  import importlib  # pylint: disable=import-outside-toplevel  (imported with the stub installation, which must run first)
+  import logging  # pylint: disable=import-outside-toplevel  (imported with the stub installation, which must run first)
   root = logging.getLogger()
   level, handlers = root.level, list(root.handlers)
   module = importlib.import_module(f"jetstream.core.{name}")
@@ -92,7 +92,7 @@ def config_lib():
 
 def decode_pb():
   """(``jetstream_pb2``, ``jetstream_pb2_grpc``): JetStream's client API for ``Decode``."""
-  from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc  # pylint: disable=import-outside-toplevel
+  from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc  # pylint: disable=import-outside-toplevel  (JetStream loads only after its stubs are in place)
   return jetstream_pb2, jetstream_pb2_grpc
 
 

@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import queue as queue_lib
 import threading
 import time
-from typing import Any, Iterator, Optional, Protocol, Sequence
+from typing import Any, Iterator, Protocol
 
 import numpy as np
 

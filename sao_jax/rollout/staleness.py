@@ -31,6 +31,7 @@ import time
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+from sao_jax.rollout.trajectory import Trajectory
 
 POLICIES = ("none", "admission", "drop", "admission+drop")
 
@@ -220,7 +221,6 @@ def simulate(policy: str, max_staleness: Optional[int], *, lengths: np.ndarray, 
   Returns a ``SimResult`` after ``steps`` policy steps (or when ``lengths`` runs out).
   """
   check_policy(policy, max_staleness)
-  from sao_jax.rollout.trajectory import Trajectory  # pylint: disable=import-outside-toplevel
   admission = AdmissionControl(max_staleness, batch_size) if "admission" in policy else None
   stats = StalenessStats()
   version, next_i, tick = 0, 0, 0

@@ -73,7 +73,7 @@ def _avals(leaves) -> tuple:
 def node_ip() -> str:
   """This node's IP as Ray sees it (when Ray is initialised), else 127.0.0.1."""
   try:
-    import ray  # pylint: disable=import-outside-toplevel
+    import ray  # pylint: disable=import-outside-toplevel  (ray is optional: only the ray backend)
     if ray.is_initialized():
       return ray.util.get_node_ip_address()
   except ImportError:
@@ -85,7 +85,7 @@ def start_transfer_server(ip: Optional[str] = None):
   """A ``jax.experimental.transfer`` server on ``ip`` (default: ``node_ip()``), one transport
   address per local device. Raises RuntimeError if this jax build has no transfer server."""
   try:
-    from jax.experimental import transfer  # pylint: disable=import-outside-toplevel
+    from jax.experimental import transfer  # pylint: disable=import-outside-toplevel  (experimental module: only the transfer transport)
   except ImportError as e:
     raise RuntimeError("jax.experimental.transfer is unavailable in this jax build; set "
                        "rollout.weight_sync='object_store'.") from e
@@ -144,7 +144,7 @@ class WeightPublisher:
       self.version = int(version)
       self._object_ref = None
       if self.transport == "object_store":
-        import ray  # pylint: disable=import-outside-toplevel
+        import ray  # pylint: disable=import-outside-toplevel  (ray is optional: only the ray backend)
         self._object_ref = ray.put([_to_host(x) for x in leaves])
 
   def ref_for(self) -> WeightRef:
@@ -204,7 +204,7 @@ class WeightPuller:
       specs = [jax.ShapeDtypeStruct(s, np.dtype(d), sharding=self.sharding) for s, d in ref.avals]
       return list(conn.pull(ref.uuid, specs))
     if ref.transport == "object_store":
-      import ray  # pylint: disable=import-outside-toplevel
+      import ray  # pylint: disable=import-outside-toplevel  (ray is optional: only the ray backend)
       host = ray.get(ref.object_ref[0])
       # On CPU the jax arrays alias the (read-only) shared-memory buffers, even with
       # may_alias=False (checked: same pointer); jax holds the numpy views, which pin the Ray
@@ -255,7 +255,7 @@ def resolve_transport(name: str) -> str:
     if jax.default_backend() == "cpu":
       return "object_store"
     try:
-      from jax.experimental import transfer  # pylint: disable=import-outside-toplevel
+      from jax.experimental import transfer  # pylint: disable=import-outside-toplevel  (experimental module: only the transfer transport)
       return "transfer" if hasattr(transfer, "start_transfer_server") else "object_store"
     except ImportError:
       return "object_store"

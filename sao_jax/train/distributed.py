@@ -10,7 +10,7 @@ batch; scalar metrics come back replicated on every process; only process 0 writ
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 import jax
 import numpy as np

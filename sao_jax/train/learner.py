@@ -85,7 +85,6 @@ class LearnerConfig:
                  icepop_low=t["icepop_low"], icepop_high=t["icepop_high"],
                  norm_constant=t["loss_norm_constant"] or None)
     accepted = inspect.signature(algo.get_objective(spec.objective)).parameters
-    mesh = config.get("mesh") or {}
     return cls(
         spec=spec, eps_low=t["eps_low"], eps_high=t["eps_high"], ppo_eps_low=t["ppo_eps_low"],
         ppo_eps_high=t["ppo_eps_high"],
@@ -103,7 +102,7 @@ class LearnerConfig:
                                 if t["freeze_critic_attention"] else ()),
         value_clip_eps=t["value_clip_eps"], temperature=config.rollout.temperature,
         batch_length=config.model.max_seq_len,
-        tokens_per_device=int(mesh.get("tokens_per_device", 0) or 0))
+        tokens_per_device=int(config.mesh.tokens_per_device))
 
   @property
   def band(self) -> tuple[float, float]:

@@ -42,7 +42,7 @@ def run(config) -> dict[str, Any]:
   """Runs the whole job described by ``config``; returns the summary (also in results.csv)."""
   t_job = time.time()
   validate_config(config)  # every bad field in one error, before anything is built
-  distributed.initialize(config.get("distributed"))  # no-op without a coordinator address
+  distributed.initialize(config.distributed)  # no-op without a coordinator address
   run_dir, tcfg = config.run_dir, config.train
   resume_step, ckpt_dir = resume_lib.prepare_run_dir(config)
   task = tasks.make_task(config)
@@ -54,9 +54,9 @@ def run(config) -> dict[str, Any]:
                                   temperature=0.0)
   evaluate = lambda params, problems, version: setup.evaluate(eval_engine, task, params,
                                                               problems, config, version)
-  ckpt = (Checkpointer(ckpt_dir, max_to_keep=config.checkpoint.get("max_to_keep", 2))
+  ckpt = (Checkpointer(ckpt_dir, max_to_keep=config.checkpoint.max_to_keep)
           if config.checkpoint.every_steps or resume_step is not None else None)
-  guard = resume_lib.NonFiniteGuard(config.train.get("max_consecutive_nonfinite", 3))
+  guard = resume_lib.NonFiniteGuard(config.train.max_consecutive_nonfinite)
   start_step, version, before = 0, 0, None
   ledger = PromptLedger(task.train_problems, config.seed + jax.process_index())
   if resume_step is not None:  # restore learner, counters, the prompt ledger's cursor
@@ -80,10 +80,10 @@ def run(config) -> dict[str, Any]:
   source = setup.make_source(config, task, policy, learner.policy_params(), version, ledger,
                              learner.spec, start_step=start_step, run_dir=run_dir)
   local_batch = tcfg.batch_size // jax.process_count()
-  progress = Progress(tcfg.num_steps, desc="SAO steps", mode=config.log.get("progress", "auto"))
+  progress = Progress(tcfg.num_steps, desc="SAO steps", mode=config.log.progress)
   logger = make_metric_writer(
       run_dir, console_keys=CONSOLE_KEYS, tensorboard=config.log.tensorboard,
-      stream=progress.stream, wandb_project=config.log.get("wandb_project", "") or None,
+      stream=progress.stream, wandb_project=config.log.wandb_project or None,
       wandb_config=config.to_dict())
   history = []
   try:

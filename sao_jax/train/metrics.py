@@ -60,7 +60,7 @@ from clu.metric_writers import interface
 def require_wandb():
   """The ``wandb`` module; raises ImportError saying how to install it or switch it off."""
   try:
-    import wandb  # pylint: disable=import-outside-toplevel  # optional dependency
+    import wandb  # pylint: disable=import-outside-toplevel  (optional dependency)
   except ImportError as e:
     raise ImportError("log.wandb_project is set but wandb is not installed: `pip install wandb` "
                       "(and `wandb login`), or leave --config.log.wandb_project empty.") from e
@@ -167,7 +167,7 @@ class TensorboardXWriter(_ScalarWriter):
   ``SummaryWriter`` needs TensorFlow). Non-finite values are skipped (they are in metrics.jsonl)."""
 
   def __init__(self, logdir: str):
-    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel  # optional
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel  (optional dependency)
     self._tb = SummaryWriter(logdir)
 
   def write_scalars(self, step, scalars):

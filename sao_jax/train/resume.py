@@ -156,12 +156,12 @@ def prepare_run_dir(config) -> tuple[Optional[int], str]:
   run_dir = config.run_dir
   os.makedirs(run_dir, exist_ok=True)
   ckpt_dir = os.path.join(run_dir, "checkpoints")
-  resume_step = resume_point(ckpt_dir) if config.checkpoint.get("resume", True) else None
+  resume_step = resume_point(ckpt_dir) if config.checkpoint.resume else None
   config_json = config.to_json_best_effort(indent=2)  # the resolved config, overrides included
   check_resume_config(run_dir, config_json, resume_step, config.train.num_steps)
   with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
     f.write(config_json)
-  if config.log.get("wandb_project", ""):
+  if config.log.wandb_project:
     require_wandb()  # fail now, not after the warm-up
   for name in ("metrics.jsonl", "ledger.jsonl"):
     truncate_jsonl(os.path.join(run_dir, name), -1 if resume_step is None else resume_step)

@@ -56,9 +56,9 @@ def build_policy(config, task, warm_start: bool = True) -> Policy:
   if not (task.sft_demos and config.sft.steps > 0 and warm_start):
     return Policy(mcfg, graphdef, params, "random init")
   t0 = time.time()
-  bar = Progress(config.sft.steps, desc="SFT warm-up", mode=config.log.get("progress", "auto"))
+  bar = Progress(config.sft.steps, desc="SFT warm-up", mode=config.log.progress)
   params, loss = sft_lib.cached_sft(
-      config.sft.get("cache_dir", ""),
+      config.sft.cache_dir,
       sft_lib.cache_key(config.sft.to_dict(), config.task.to_dict(), str(mcfg), config.seed),
       params, lambda: sft_lib.train_sft(
           graphdef, params, task.sft_demos, pad_id=task.tokenizer.pad_id,
@@ -83,7 +83,7 @@ def critic_from_policy(mcfg: ModelConfig, policy_params, seed: int):
 def make_mesh(config) -> Optional[jax.sharding.Mesh]:
   """The mesh of ``mesh.shape`` ("fsdp=-1", "fsdp=2,tensor=2,expert=2", ...); None when empty
   (the learner then uses one device)."""
-  shape = distributed.parse_mesh_shape((config.get("mesh") or {}).get("shape", "") or "")
+  shape = distributed.parse_mesh_shape(config.mesh.shape)
   return sharding.make_mesh(shape) if shape else None
 
 
@@ -110,9 +110,9 @@ def make_source(config, task, policy: Policy, params, version: int, ledger: Prom
   """The trajectory source of ``rollout.backend`` ("thread": a rollout worker thread in this
   process; "ray": ``rollout.num_workers`` Ray rollout actors) with the mode's groups / barrier
   (``spec``), the staleness policy and the ledger."""
-  policy_name = config.rollout.get("staleness_policy", "none")
-  eta = config.rollout.get("max_staleness", -1)
-  if config.rollout.get("backend", "thread") == "ray":  # N rollout actors (rollout/ray_source.py)
+  policy_name = config.rollout.staleness_policy
+  eta = config.rollout.max_staleness
+  if config.rollout.backend == "ray":  # N rollout actors (rollout/ray_source.py)
     from sao_jax.rollout.ray_source import RaySource  # pylint: disable=import-outside-toplevel  (ray is heavy and optional)
     admission = (staleness.AdmissionControl(eta, config.train.batch_size)
                  if "admission" in policy_name else None)
@@ -125,7 +125,7 @@ def make_source(config, task, policy: Policy, params, version: int, ledger: Prom
   seed = faults.step_seed(config.seed, start_step) if start_step else config.seed
   engine.reseed(seed)
   env_workers = env_workers_for(config)  # >0: env.step off the decode loop (slow tool calls)
-  env = GuardedEnv(task.env, timeout_s=config.rollout.get("env_timeout_s", 30.0),
+  env = GuardedEnv(task.env, timeout_s=config.rollout.env_timeout_s,
                    fault_rate=float(os.environ.get("SAO_FAULT_ENV_RATE", "0")), seed=config.seed,
                    max_workers=max(4, env_workers))
   return ThreadSource(
@@ -135,8 +135,8 @@ def make_source(config, task, policy: Policy, params, version: int, ledger: Prom
       group_size=spec.group_size, synchronous=spec.synchronous,
       queue_size=config.rollout.queue_size,
       staleness_policy=policy_name, max_staleness=eta,
-      kv_on_update=config.rollout.get("kv_on_update", "keep"), env_workers=env_workers,
-      seed=seed, lockstep=config.rollout.get("lockstep", False), run_dir=run_dir,
+      kv_on_update=config.rollout.kv_on_update, env_workers=env_workers,
+      seed=seed, lockstep=config.rollout.lockstep, run_dir=run_dir,
       stop_strings=task.stop_strings)
 
 

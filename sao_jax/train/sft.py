@@ -12,6 +12,8 @@ import numpy as np
 
 from sao_jax.rollout.trajectory import bucket_length
 from sao_jax.train import optim, steps
+from flax import traverse_util
+from safetensors.numpy import load_file, save_file
 
 
 def pad_demos(demos: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int,
@@ -70,8 +72,6 @@ def cached_sft(cache_dir: str, key: str, params, train: Callable[[], tuple]) -> 
   file (delete it to retrain)."""
   if not cache_dir:
     return train()
-  from flax import traverse_util  # pylint: disable=import-outside-toplevel
-  from safetensors.numpy import load_file, save_file  # pylint: disable=import-outside-toplevel
   path = os.path.join(cache_dir, f"sft-{key}.safetensors")
   def name(path_tuple):  # tuple keys keep int layer indices; the file uses "a/0/b" names
     return "/".join(map(str, path_tuple))

@@ -28,7 +28,7 @@ import importlib.util
 import math
 import os
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from sao_jax import algo
 from sao_jax.algo.objectives import AGGREGATIONS

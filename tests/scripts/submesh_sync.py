@@ -7,7 +7,6 @@ import threading
 import time
 
 import jax
-import numpy as np
 from flax import nnx
 
 from sao_jax.models.transformer import ModelConfig, Transformer

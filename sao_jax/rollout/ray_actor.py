@@ -1,0 +1,168 @@
+"""``RolloutActor``: one Ray rollout process of ``RaySource`` (``rollout/ray_source.py``).
+
+It builds the trainer's policy *structure* (``nnx.eval_shape`` of the same ``Transformer``: no
+random init), the task, the guarded env and an ``SAOEngine``, runs a ``RolloutWorker`` on a
+thread, and admits nothing before its first weights arrive.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import threading
+import time
+import uuid
+from typing import Optional
+
+import ml_collections
+
+from sao_jax.rollout import weight_sync
+from sao_jax.rollout.trajectory import Trajectory
+from flax import nnx
+from sao_jax import tasks
+from sao_jax.envs.guard import GuardedEnv
+from sao_jax.models.transformer import Transformer
+from sao_jax.rollout.engine import SAOEngine
+from sao_jax.rollout.worker import env_workers_for
+from sao_jax.rollout.sync import WeightStore
+from sao_jax.rollout.worker import RolloutWorker
+
+
+class RolloutActor:
+  """One rollout process (wrapped by ``ray.remote`` in ``RaySource``; a plain class here).
+
+  Args:
+    config_dict: ``config.to_dict()`` of the run (task, rollout, model, seed fields are read).
+    model_config: the trainer's ``ModelConfig`` (the policy structure; weights come by sync).
+    index: this actor's index in the source (seeds its sampling: ``config.seed + index``).
+
+  Methods (all return quickly except ``set_weights``, which pulls the weights):
+    ``set_weights(ref)``, ``submit(incarnation, items)``, ``poll(timeout_s)``, ``pid()``,
+    ``stop()``.
+  """
+
+  def __init__(self, config_dict: dict, model_config, index: int):
+    # heavy imports here: the module is imported by the driver before Ray starts the actor
+    config = ml_collections.ConfigDict(config_dict)
+    self.index = int(index)
+    self.incarnation = uuid.uuid4().hex
+    self.config = config
+    self.task = tasks.make_task(config)
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(model_config,
+                                                                      rngs=nnx.Rngs(0))))
+    self.expected = nnx.to_pure_dict(abstract)  # ShapeDtypeStruct leaves: the received tree
+    seed = int(config.seed) + self.index
+    self.engine = SAOEngine(model_config, graphdef, self.task.tokenizer,
+                            max_concurrent_decodes=config.rollout.slots,
+                            max_prefill_length=config.rollout.max_prefill_length,
+                            temperature=config.rollout.temperature, seed=seed)
+    self.env_workers = env_workers_for(config)
+    self.env = GuardedEnv(self.task.env, timeout_s=config.rollout.get("env_timeout_s", 30.0),
+                          seed=seed, max_workers=max(4, self.env_workers))
+    self.seed = seed
+    self.puller = weight_sync.WeightPuller()
+    self.store = None  # WeightStore, created by the first set_weights
+    self.first_serve_version = -1  # policy version when this incarnation admitted its 1st prompt
+    self.pull_s = 0.0
+    self._inbox: collections.deque = collections.deque()
+    self._tickets: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+    self._out: list = []
+    self._cond = threading.Condition()
+    self._stop = threading.Event()
+    self._error: Optional[BaseException] = None
+    self._worker = None
+    self._thread: Optional[threading.Thread] = None
+
+  # ---- control calls --------------------------------------------------------------------------
+  def set_weights(self, ref: weight_sync.WeightRef) -> int:
+    """Pulls ``ref`` (newest wins: an older ref is ignored) and hands it to the rollout worker;
+    the first one starts the worker. Returns this actor's version. Raises
+    ``WeightMismatchError`` if the tree does not match the actor's model."""
+    t0 = time.perf_counter()
+    params = self.puller.pull(ref, expected=self.expected)
+    self.pull_s += time.perf_counter() - t0
+    if params is not None:
+      if self.store is None:
+        self.store = WeightStore(params, ref.version)
+        self._start_worker()
+      else:
+        self.store.publish(params, ref.version)
+    return self.store.version
+
+  def submit(self, incarnation: str, items: list) -> int:
+    """Queues ``items`` (``[(ticket, Problem)]``) for rollout. Items meant for another
+    incarnation (sent before the driver saw this one start) are ignored: the driver issues
+    them again. Returns the number of prompts queued here and not yet finished."""
+    with self._cond:
+      if incarnation == self.incarnation:
+        self._inbox.extend(items)
+      return len(self._inbox) + sum(len(q) for q in self._tickets.values())
+
+  def poll(self, timeout_s: float = 0.2) -> dict:
+    """Finished trajectories, waiting up to ``timeout_s`` for at least one.
+
+    Returns ``{"incarnation", "version" (-1 before weights), "first_serve_version",
+    "trajectories": [(ticket, Trajectory)], "stats": WorkerStats fields, "pull_s"}``. Re-raises
+    the rollout worker's error, if it died of one."""
+    with self._cond:
+      if not self._out and self._error is None:
+        self._cond.wait(timeout_s)
+      out, self._out = self._out, []
+    if self._error is not None:
+      raise self._error
+    stats = dataclasses.asdict(self._worker.stats) if self._worker is not None else {}
+    return {"incarnation": self.incarnation,
+            "version": self.store.version if self.store is not None else -1,
+            "first_serve_version": self.first_serve_version, "trajectories": out,
+            "stats": stats, "pull_s": self.pull_s}
+
+  def pid(self) -> int:
+    return os.getpid()
+
+  def stop(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join(timeout=10)
+
+  # ---- the rollout worker ---------------------------------------------------------------------
+  def _problems(self):
+    """The worker's problem iterator: the next queued item, or None (nothing to admit now)."""
+    while True:
+      with self._cond:
+        item = self._inbox.popleft() if self._inbox else None
+        if item is not None:
+          ticket, problem = item
+          self._tickets[str(problem.id)].append(ticket)
+          if self.first_serve_version < 0:
+            self.first_serve_version = self.store.version
+      yield None if item is None else problem
+
+  def _sink(self, traj: Trajectory) -> bool:
+    with self._cond:
+      ticket = self._tickets[traj.problem_id].popleft()
+      if not self._tickets[traj.problem_id]:
+        del self._tickets[traj.problem_id]
+      self._out.append((ticket, traj))
+      self._cond.notify_all()
+    return not self._stop.is_set()
+
+  def _start_worker(self) -> None:
+    cfg = self.config
+    self._worker = RolloutWorker(
+        self.engine, self.env, self._problems(), self._sink, self.store,
+        stop_ids=self.task.stop_ids, max_new_tokens=cfg.rollout.max_new_tokens,
+        max_seq_len=cfg.model.max_seq_len, seed=self.seed,
+        kv_on_update=cfg.rollout.get("kv_on_update", "keep"), env_workers=self.env_workers,
+        stop_strings=self.task.stop_strings)
+
+    def run():
+      try:
+        self._worker.run(self._stop)
+      except BaseException as e:  # pylint: disable=broad-except  (reported by the next poll)
+        with self._cond:
+          self._error = e
+          self._cond.notify_all()
+
+    self._thread = threading.Thread(target=run, name="rollout-actor-worker", daemon=True)
+    self._thread.start()
