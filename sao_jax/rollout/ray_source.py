@@ -112,6 +112,7 @@ class RaySource:
     self.run_dir, self.batch_size = run_dir, int(batch_size)
     self.lengths = LengthStats()
     self._t_last = (0, time.time())
+    self.wait_s = 0.0
     r = config.rollout
     n = int(_config_get(r, "num_workers", 2))
     if n < 1:
@@ -170,6 +171,7 @@ class RaySource:
     Raises the actors' own error when one fails inside (non-transient), and RuntimeError when
     every actor is gone for good."""
     self.version = max(self.version, int(policy_version))
+    t0 = time.perf_counter()
     out: list[Trajectory] = []
     while len(out) < n:
       while self._arrived and len(out) < n:
@@ -196,6 +198,7 @@ class RaySource:
     self.lengths.trained.extend(t.num_action_tokens for t in out)
     if self.run_dir:
       append_ledger(self.run_dir, policy_version + 1, out)
+    self.wait_s = time.perf_counter() - t0
     return out
 
   def metrics(self) -> dict[str, float]:
@@ -216,7 +219,7 @@ class RaySource:
     tokens, now = sum(self.lengths.generated), time.time()
     last_tokens, t_last = self._t_last
     self._t_last = (tokens, now)
-    m.update(rollout_trajectories=float(trajs), dropped_stale=float(self.counters["dropped_stale"]),
+    m.update(rollout_trajectories=float(trajs), wait_s=self.wait_s, dropped_stale=float(self.counters["dropped_stale"]),
              tokens_per_s=(tokens - last_tokens) / max(now - t_last, 1e-9),
              env_errors_total=float(self.counters["env_errors"]),
              **{k: v for k, v in self.lengths.summary().items() if k != "trajectories_dropped"})

@@ -117,6 +117,7 @@ def run(config) -> dict[str, Any]:
         faults.maybe_kill("checkpoint", step)
   finally:
     progress.close()
+    src = source.metrics()  # the rollout side's totals, before it is stopped
     source.close()
   if ckpt:
     if ckpt.latest_step() != tcfg.num_steps:
@@ -128,7 +129,6 @@ def run(config) -> dict[str, Any]:
   print(f"eval after SAO: accuracy {after['accuracy']:.3f} ({time.time() - t0:.1f}s)", flush=True)
   logger.log(tcfg.num_steps, {"eval_accuracy": after["accuracy"],
                               "eval_tool_use": after["tool_use"]}, prefix="final/")
-  src = source.metrics()
   summary = {
       "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"],
       "tool_use_before": before["tool_use"], "tool_use_after": after["tool_use"],

@@ -12,6 +12,8 @@ Records may carry a prefix: ``critic_warmup/`` (critic-only steps before RL) and
 
 from __future__ import annotations
 
+import re
+
 import dataclasses
 
 PREFIXES = ("critic_warmup/", "final/")
@@ -147,6 +149,26 @@ METRICS: dict[str, MetricDef] = {
     "traj_t_start_min": _m("s", "throughput", "earliest rollout start in the batch"),
     "traj_t_start_max": _m("s", "throughput", "latest rollout start in the batch"),
     "traj_t_end_max": _m("s", "throughput", "latest rollout end in the batch"),
+    # ---- the critic against the reward range, and the drop policy's length bias ---------------
+    "value_min": _m("value", "critic", "smallest critic value over the batch's action tokens "
+                    "(before the K updates); compare with the reward range"),
+    "value_max": _m("value", "critic", "largest critic value over the batch's action tokens "
+                    "(above the largest reward: the value overshoots)"),
+    "response_tokens_generated_mean": _m("tokens", "asynchrony", "mean action tokens of every "
+                                         "trajectory that arrived, since the start"),
+    "response_tokens_trained_mean": _m("tokens", "asynchrony", "mean action tokens of the "
+                                       "trajectories trained on, since the start"),
+    "response_tokens_dropped_mean": _m("tokens", "asynchrony", "mean action tokens of the "
+                                       "trajectories dropped for staleness (0 if none)"),
+    # ---- rollout.backend=ray (sao_jax/rollout/ray_source.py); <i> = the actor's index ---------
+    "ray/actor<i>_trajectories": _m("trajectories", "ray", "trajectories received from actor i"),
+    "ray/actor<i>_version": _m("version", "ray", "newest weights version actor i reported"),
+    "ray/actor<i>_restarts": _m("restarts", "ray", "times actor i was restarted by Ray"),
+    "ray/restarts": _m("restarts", "ray", "actor restarts, all actors"),
+    "ray/reissued": _m("prompts", "ray", "prompts issued again after their actor died"),
+    "ray/duplicates": _m("trajectories", "ray", "trajectories that came back twice (dropped)"),
+    "ray/dropped_stale": _m("trajectories", "ray", "trajectories dropped for staleness"),
+    "ray/outstanding": _m("prompts", "ray", "prompts handed out and not yet returned"),
 }
 
 
@@ -158,6 +180,7 @@ def describe(name: str) -> MetricDef:
   for p in PREFIXES:
     if base.startswith(p):
       base = base[len(p):]
+  base = re.sub(r"^ray/actor\d+_", "ray/actor<i>_", base)
   if base not in METRICS:
     raise KeyError(f"metric {name!r} is not in the vocabulary; add it to "
                    "sao_jax/train/metric_defs.py:METRICS (and regenerate docs/metrics.md).")
