@@ -271,8 +271,18 @@ def _attend_cached(q, keys, values, mask):
   (the first S cache positions); mask bool [B, T, S]. Returns [B, T, K, G, D] in q's dtype.
 
   Both contractions batch over (b, k), the leading axes of the cache, so XLA reads the cache in
-  place (with the [B, S, K, D] layout it copied the whole cache into this order every step)."""
+  place (with the [B, S, K, D] layout it copied the whole cache into this order every step).
+  One query per row (T == 1, a decode step): products and sums instead of dots, which XLA:CPU
+  fuses into two passes over the cache (1.04-1.31x the batched dots' decode tok/s at batch
+  8-128, ``benchmarks/RESULTS.md`` section 2)."""
   acc = _acc_dtype(q)
+  if q.shape[1] == 1:
+    q1 = q[:, 0]  # [B, K, G, D]
+    scores = jnp.sum(q1[:, :, :, None, :] * keys.astype(q.dtype)[:, :, None], axis=-1)
+    scores = scores.astype(acc) * (q.shape[-1] ** -0.5)  # [B, K, G, S]
+    scores = jnp.where(mask[:, 0][:, None, None, :], scores, jnp.finfo(acc).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    return jnp.sum(probs[..., None] * values.astype(q.dtype)[:, :, None], axis=-2)[:, None]
   scores = jnp.einsum("btkgd,bksd->bktgs", q, keys.astype(q.dtype)).astype(acc)
   scores = scores * (q.shape[-1] ** -0.5)
   scores = jnp.where(mask[:, None, :, None, :], scores, jnp.finfo(acc).min)
