@@ -219,7 +219,8 @@ class SAOEngine(engine_api.Engine):
 
   def _prefill_impl(self, params, cache, start, tokens, true_length, rng, temperature, *,
                     has_prefix, kv_len):
-    del has_prefix  # only distinguishes the compiled variants
+    if not has_prefix:  # a fresh one-row cache, allocated inside the compiled prefill
+      cache = init_cache(self.cfg, 1, self.cache_len)
     model = nnx.merge(self.graphdef, params)
     positions = (start + jnp.arange(tokens.shape[0], dtype=jnp.int32))[None]
     h, cache = model.hidden(tokens[None], positions, cache, kv_len=kv_len)
@@ -284,8 +285,7 @@ class SAOEngine(engine_api.Engine):
       raise ValueError(f"prefill chunk of {padded_tokens.shape[0]} tokens exceeds "
                        f"rollout.max_prefill_length={self._max_prefill}; raise it.")
     if existing_prefix is None:
-      cache = init_cache(self.cfg, 1, self.cache_len)
-      start = host_start = 0
+      cache, start, host_start = None, 0, 0
     else:
       cache, start = existing_prefix.cache, existing_prefix.length
       host_start = _host_length(existing_prefix)
