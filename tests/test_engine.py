@@ -104,13 +104,16 @@ def test_weight_update_mid_trajectory_records_versions():
 
 
 def test_sample_tokens_draws_from_the_tempered_distribution():
-  """Inverse-CDF sampling: frequencies over 20000 draws match softmax(logits / T) within 0.02
-  (binomial std <= 0.0036 here); a token of probability 0 is never drawn; log-probs are those
-  of the tempered distribution."""
+  """Gumbel-max sampling: the same tokens as ``jax.random.categorical`` for the same keys;
+  frequencies over 20000 draws match softmax(logits / T) within 0.02 (binomial std <= 0.0036
+  here); a token of probability 0 is never drawn; log-probs are those of the tempered
+  distribution."""
   from sao_jax.rollout.engine import sample_tokens  # pylint: disable=import-outside-toplevel
   logits = jnp.asarray([1.0, 0.0, -1.0, 2.0, -jnp.inf])
   keys = jax.random.split(jax.random.key(3), 20000)
   tokens, logprobs = jax.vmap(lambda k: sample_tokens(logits, k, 0.8))(keys)
+  want = jax.vmap(lambda k: jax.random.categorical(k, jax.nn.log_softmax(logits / 0.8)))(keys)
+  np.testing.assert_array_equal(np.asarray(tokens), np.asarray(want))
   p = np.asarray(jax.nn.softmax(logits / 0.8))
   freq = np.bincount(np.asarray(tokens), minlength=5) / 20000
   np.testing.assert_allclose(freq, p, atol=0.02)
