@@ -1,14 +1,23 @@
-"""Sampler: decode tokens/s of our JetStream engine (``SAOEngine``) vs Hugging Face ``generate``
-(PyTorch CPU) on the same weights, and vs the memory-bandwidth bound.
+"""Sampler: tokens/s of our JetStream engine (``SAOEngine``) vs Hugging Face ``generate``
+(PyTorch CPU) and Tunix's JAX sampler (``tunix.generate.sampler.Sampler``) on the same weights,
+and vs the memory-bandwidth bound.
 
-    python benchmarks/bench_sampler.py [--quick] [--json out.json]
+    python benchmarks/bench_sampler.py [--quick] [--batches 1,8,32,128] [--json out.json]
 
-Both sides do the same work per batch size B: prefill B prompts of 16 tokens, then sample
-``--new`` tokens per sequence at temperature 1 (HF: ``do_sample=True, top_k=0, top_p=1``,
-``min_new_tokens = max_new_tokens``, no EOS stop). Ours: B prefills + inserts into B slots, then
-``--new`` ``generate`` calls. tokens/s = B * new / wall time (prefill included on both sides;
-"ours decode-only" excludes it). Bound: per decode step the weights plus the KV cache of the
-average context must be read once: (weight bytes + KV bytes) / measured bandwidth.
+Tunix (``google-tunix==0.1.7``) is measured when it imports; it pins ``transformers==5.12.1``,
+so it is kept out of the project venv: ``pip install --target DIR --no-deps google-tunix==0.1.7``
+plus the modules it imports (einops jaxtyping wadler_lindig qwix google_metrax sentencepiece
+perfetto pandas), then run with ``PYTHONPATH=$PWD:DIR``.
+
+All do the same work per batch size B: prefill B prompts of 16 tokens, then produce ``--new``
+tokens per sequence (no EOS stop). Ours: B prefills + inserts into B slots, then ``--new``
+``generate`` calls, sampling at temperature 1 with log-probs. HF: ``do_sample=True, top_k=0,
+top_p=1``, ``min_new_tokens = max_new_tokens``. Tunix: one ``Sampler.__call__`` (prefill + a
+compiled decode loop) in its *greedy* mode, its cheapest (its temperature sampling goes through
+top-p / top-k, which sort the vocabulary), cache of ``16 + new`` positions. tokens/s =
+B * new / wall time (prefill included for every peer; "ours decode-only" excludes it). Bound:
+per decode step the weights plus the KV cache of the average context must be read once:
+(weight bytes + KV bytes) / measured bandwidth. Peers run interleaved in one process; medians.
 """
 
 from __future__ import annotations
@@ -36,11 +45,59 @@ def config(quick: bool, new: int) -> ModelConfig:
                      head_dim=32, d_ff=768, max_seq_len=PROMPT + new, arch="qwen3")
 
 
+class _IdTokenizer:
+  """Tunix's tokenizer protocol over space-separated token ids (pad 0, no bos)."""
+
+  def encode(self, text):
+    return [int(x) for x in text.split()]
+
+  def decode(self, ids):
+    return " ".join(str(int(i)) for i in ids)
+
+  def bos_id(self):
+    return 0
+
+  def eos_id(self):
+    return -1
+
+  def pad_id(self):
+    return 0
+
+
+def tunix_peer(cfg: ModelConfig, hf_dir: str, new: int):
+  """Returns ``run(prompts int [B, PROMPT]) -> tokens`` with Tunix's sampler on the HF folder's
+  weights, or None when tunix does not import."""
+  try:
+    from tunix.generate import sampler as tsampler  # pylint: disable=import-outside-toplevel
+    from tunix.models.qwen3 import model as tmodel  # pylint: disable=import-outside-toplevel
+    from tunix.models.qwen3 import params as tparams  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    print(f"tunix not measured: {e}")
+    return None
+  tcfg = tmodel.ModelConfig(num_layers=cfg.n_layers, vocab_size=cfg.vocab_size,
+                            embed_dim=cfg.d_model, hidden_dim=cfg.d_ff, num_heads=cfg.n_heads,
+                            head_dim=cfg.head_dim, num_kv_heads=cfg.n_kv_heads,
+                            rope_theta=int(cfg.rope_theta), norm_eps=cfg.rms_eps,
+                            use_tied_embedding=cfg.tie_embeddings)
+  model = tparams.create_model_from_safe_tensors(hf_dir, tcfg)
+  sampler = tsampler.Sampler(model, _IdTokenizer(), tsampler.CacheConfig(
+      cache_size=PROMPT + new, num_layers=cfg.n_layers, num_kv_heads=cfg.n_kv_heads,
+      head_dim=cfg.head_dim))
+
+  def run(prompts):
+    out = sampler([" ".join(map(str, p)) for p in prompts], max_generation_steps=new,
+                  max_prompt_length=PROMPT, eos_tokens=[cfg.vocab_size], temperature=0.0)
+    return out.tokens
+
+  return run
+
+
 def main():
   ap = common.parser(__doc__, malloc_flag=True)
   ap.add_argument("--new", type=int, default=64)
   ap.add_argument("--batches", default="1,8,32,128")
   ap.add_argument("--torch_threads", type=int, default=1)
+  ap.add_argument("--no_tunix", action="store_true")
   args = ap.parse_args()
   malloc_tuned = common.apply_malloc(args)
   import torch  # pylint: disable=import-outside-toplevel
@@ -55,6 +112,7 @@ def main():
   with tempfile.TemporaryDirectory() as d:
     hf.save_hf_checkpoint(d, cfg, params)
     peer = transformers.Qwen3ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    tunix_run = None if args.no_tunix else tunix_peer(cfg, d, new)
   weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   bw = common.measure_bandwidth(16 << 20 if args.quick else 256 << 20)
   rows, cache_sizes = [], {}
@@ -62,7 +120,7 @@ def main():
     engine = SAOEngine(cfg, graphdef, None, max_concurrent_decodes=b,
                        max_prefill_length=PROMPT, temperature=1.0, seed=0)
     rng = np.random.default_rng(b)
-    prompts = rng.integers(0, cfg.vocab_size, (b, PROMPT)).astype(np.int32)
+    prompts = rng.integers(1, cfg.vocab_size, (b, PROMPT)).astype(np.int32)  # 0: Tunix's pad
     tprompts = torch.from_numpy(prompts).long()
     decode_only = []
 
@@ -87,7 +145,10 @@ def main():
                              max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=0,
                              top_p=1.0, temperature=1.0, pad_token_id=0)
 
-    times = common.time_interleaved({"ours": ours, "hf": theirs}, warmup=1, repeats=repeats)
+    peers = {"ours": ours, "hf": theirs}
+    if tunix_run is not None:
+      peers["tunix"] = lambda: tunix_run(prompts)
+    times = common.time_interleaved(peers, warmup=1, repeats=repeats)
     cache_sizes[b] = {"generate": engine._generate_jit._cache_size(),  # pylint: disable=protected-access
                       "prefill": engine._prefill_jit._cache_size(),  # pylint: disable=protected-access
                       "insert": engine._insert_jit._cache_size()}  # pylint: disable=protected-access
@@ -96,9 +157,13 @@ def main():
     avg_ctx = PROMPT + new / 2
     kv_bytes = 2 * cfg.n_layers * b * avg_ctx * cfg.n_kv_heads * cfg.head_dim * 4
     bound = b / ((weight_bytes + kv_bytes) / bw)
-    rows.append({"batch": b, "ours tok/s": b * new / mo, "hf tok/s": b * new / mh,
-                 "ours/hf": mh / mo, "ours decode-only tok/s": b * new / md,
-                 "bound tok/s": bound, "ours decode / bound": b * new / md / bound})
+    row = {"batch": b, "ours tok/s": b * new / mo, "hf tok/s": b * new / mh, "ours/hf": mh / mo}
+    if "tunix" in times:
+      mt = common.median(times["tunix"])
+      row.update({"tunix tok/s": b * new / mt, "ours/tunix": mt / mo})
+    row.update({"ours decode-only tok/s": b * new / md, "bound tok/s": bound,
+                "ours decode / bound": b * new / md / bound})
+    rows.append(row)
   common.report("sampler", rows, args, {"weight_bytes": weight_bytes, "bandwidth_Bps": bw,
                                         "new_tokens": new, "prompt": PROMPT,
                                         "jit_cache_sizes": cache_sizes,

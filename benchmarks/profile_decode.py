@@ -2,10 +2,12 @@
 the JetStream engine's ``generate`` runs per step), traced with ``jax.profiler`` on XLA:CPU and
 summed per source function / op kind (the parsing of ``profile_ops.py``).
 
-    python benchmarks/profile_decode.py [--batch 32] [--cache_len 144] [--repeats 50]
+    python benchmarks/profile_decode.py [--batch 32] [--cache_len 81] [--pos 40] [--kv_len -1] [--repeats 50]
 
 Model: the sampler benchmark's small config (``bench_sampler.config``). ``--cache_len`` defaults
-to the engine's ``max_seq_len + max_prefill_length`` for that benchmark (80 + 64).
+to the engine's ``max_seq_len + 1`` for that benchmark (81). Every row decodes at ``--pos``
+(default ``cache_len // 2``); ``--kv_len`` is the number of cache positions attended over (0 = the
+whole cache; -1 = the engine's live-length bucket for that position, ``engine.live_kv_len``).
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from flax import nnx
 import bench_sampler  # pylint: disable=import-error
 import profile_ops  # pylint: disable=import-error
 from sao_jax.models.transformer import Transformer, init_cache
+from sao_jax.rollout.engine import live_kv_len
 
 
 def main():
   ap = common.parser(__doc__, malloc_flag=True)
   ap.add_argument("--batch", type=int, default=32)
-  ap.add_argument("--cache_len", type=int, default=144)
+  ap.add_argument("--cache_len", type=int, default=81)
+  ap.add_argument("--pos", type=int, default=-1)
+  ap.add_argument("--kv_len", type=int, default=-1)
   ap.add_argument("--top", type=int, default=12)
   args = ap.parse_args()
   common.apply_malloc(args)
@@ -34,14 +39,17 @@ def main():
   b, n = (2, 2) if args.quick else (args.batch, args.repeats)
   graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
 
+  pos = args.pos if args.pos >= 0 else args.cache_len // 2
+  kv_len = (args.kv_len if args.kv_len >= 0 else live_kv_len(pos + 1, args.cache_len)) or None
+
   @functools.partial(jax.jit, donate_argnums=(1,))  # the engine donates its decode state too
   def decode(params, cache, tokens, positions):
-    logits, cache = nnx.merge(graphdef, params)(tokens, positions, cache)
+    logits, cache = nnx.merge(graphdef, params)(tokens, positions, cache, kv_len=kv_len)
     return jnp.argmax(logits[:, -1], -1), cache
 
   cache = init_cache(cfg, b, args.cache_len)
   tokens = jnp.ones((b, 1), jnp.int32)
-  positions = jnp.full((b, 1), args.cache_len // 2, jnp.int32)
+  positions = jnp.full((b, 1), pos, jnp.int32)
   text = decode.lower(params, cache, tokens, positions).compile().as_text()
   for _ in range(3):
     _, cache = jax.block_until_ready(decode(params, cache, tokens, positions))
@@ -60,7 +68,7 @@ def main():
     by_kind[profile_ops._kind(op)] += ms  # pylint: disable=protected-access
   rows = lambda tab: [{"part": k, "traced ms/step": v, "share": v / total}
                       for k, v in sorted(tab.items(), key=lambda kv: -kv[1])]
-  name = f"profile_decode (batch {b}, cache_len {args.cache_len})"
+  name = f"profile_decode (batch {b}, cache_len {args.cache_len}, kv_len {kv_len})"
   common.report(f"{name}: by source function", rows(by_src)[:args.top], args,
                 {"traced ms/step": total})
   common.report(f"{name}: by op kind", rows(by_kind)[:8], profile_ops.argparse_no_json(args))

@@ -101,3 +101,83 @@ def test_weight_update_mid_trajectory_records_versions():
   rec0 = _recompute(model, traj, 1.0)
   first = np.nonzero(traj.action_mask)[0][:3]
   np.testing.assert_allclose(traj.logprobs[first], rec0[first], atol=1e-5)
+
+
+def test_sample_tokens_draws_from_the_tempered_distribution():
+  """Gumbel-max sampling: the same tokens as ``jax.random.categorical`` for the same keys;
+  frequencies over 20000 draws match softmax(logits / T) within 0.02 (binomial std <= 0.0036
+  here); a token of probability 0 is never drawn; log-probs are those of the tempered
+  distribution."""
+  from sao_jax.rollout.engine import sample_tokens  # pylint: disable=import-outside-toplevel
+  logits = jnp.asarray([1.0, 0.0, -1.0, 2.0, -jnp.inf])
+  keys = jax.random.split(jax.random.key(3), 20000)
+  tokens, logprobs = jax.vmap(lambda k: sample_tokens(logits, k, 0.8))(keys)
+  want = jax.vmap(lambda k: jax.random.categorical(k, jax.nn.log_softmax(logits / 0.8)))(keys)
+  np.testing.assert_array_equal(np.asarray(tokens), np.asarray(want))
+  p = np.asarray(jax.nn.softmax(logits / 0.8))
+  freq = np.bincount(np.asarray(tokens), minlength=5) / 20000
+  np.testing.assert_allclose(freq, p, atol=0.02)
+  assert freq[4] == 0
+  np.testing.assert_allclose(np.asarray(logprobs), np.log(p[np.asarray(tokens)]), rtol=1e-6)
+
+
+def test_greedy_slots_across_live_length_buckets_equal_full_forward():
+  """Slots at different lengths decode greedily through several live-length buckets
+  (kv_bucket=8: 8, 16, then the whole cache); every slot's tokens and log-probs equal those of
+  a full forward pass over its sequence (argmax, log_softmax within 1e-5)."""
+  model = Transformer(CFG, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  params = nnx.to_pure_dict(params)
+  engine = SAOEngine(CFG, graphdef, Tok(), max_concurrent_decodes=3, max_prefill_length=16,
+                     temperature=0.0, seed=0, kv_bucket=8)
+  assert engine.cache_len == CFG.max_seq_len + 1 and engine.live_buckets() == [8, 16, 32, 65]
+  prompts = [[1, 11, 12], [1] + list(range(13, 25)), [1, 30, 31, 32, 33, 34]]
+  state = engine.init_decode_state()
+  seqs, lps = [], []
+  for i, p in enumerate(prompts):
+    padded, n = engine.pad_to_bucket(p)
+    prefix = engine.prefill(params=params, padded_tokens=padded, true_length=n)
+    assert prefix.host_length == n
+    state = engine.insert(prefix, state, i)
+    seqs.append(list(p) + [int(prefix.token)])
+    lps.append([float(prefix.logprob)])
+  for _ in range(30):  # the longest slot reaches 13 + 30 = 43 > 32 positions
+    state, res = engine.generate(params, state)
+    for i in range(3):
+      seqs[i].append(int(res.data[i, 0]))
+      lps[i].append(float(res.logprobs[i, 0]))
+  assert state.host_lengths == tuple(np.asarray(state.lengths).tolist())
+  for i, p in enumerate(prompts):
+    tokens = jnp.asarray(seqs[i])[None]
+    logits, _ = model(tokens, default_positions(tokens))
+    logp = np.asarray(jax.nn.log_softmax(logits[0, len(p) - 1:-1]))
+    want = np.argmax(logp, -1)
+    np.testing.assert_array_equal(np.asarray(seqs[i][len(p):]), want)
+    np.testing.assert_allclose(lps[i], logp[np.arange(len(want)), want], atol=1e-5)
+
+
+def test_prefill_chunk_past_the_cache_end_drops_the_padding():
+  """A padded observation chunk that runs past ``cache_len`` (= max_seq_len + 1): the padding
+  beyond the end is dropped, the true tokens are cached, and the next token's log-prob equals a
+  full forward pass."""
+  model, _, params, engine = _setup(temperature=0.0)
+  first = list(range(10, 26)) * 3 + [10] * 8  # 56 tokens, in 4 chunks of <= 16
+  prefix = None
+  for s in range(0, len(first), 16):
+    padded, n = engine.pad_to_bucket(first[s:s + 16])
+    prefix = engine.prefill(params=params, existing_prefix=prefix, padded_tokens=padded,
+                            true_length=n)
+  obs = [11, 12, 13, 14, 15]  # written at 56..60, padded to 8: 56..63 < 65; then past the end
+  padded, n = engine.pad_to_bucket(obs)
+  prefix = engine.prefill(params=params, existing_prefix=prefix, padded_tokens=padded,
+                          true_length=n)
+  more = [16, 17]  # positions 61, 62; the padding to 8 would reach 68 > 64
+  padded, n = engine.pad_to_bucket(more)
+  prefix = engine.prefill(params=params, existing_prefix=prefix, padded_tokens=padded,
+                          true_length=n)
+  assert prefix.host_length == 63 == int(prefix.length)
+  tokens = jnp.asarray(first + obs + more)[None]
+  logits, _ = model(tokens, default_positions(tokens))
+  logp = np.asarray(jax.nn.log_softmax(logits[0, -1]))
+  assert int(prefix.token) == int(np.argmax(logp))
+  np.testing.assert_allclose(float(prefix.logprob), logp.max(), atol=1e-5)

@@ -15,8 +15,23 @@ was actually sampled. ``temperature == 0`` means greedy (argmax); its recorded l
 the temperature-1 distribution. No top-k/top-p: their log-probs would belong to a truncated
 distribution the trainer does not recompute.
 
-KV-cache layout: per layer ``(k, v)`` of ``[slots, cache_len, n_kv_heads, head_dim]``;
-``cache_len = max_seq_len + max_prefill_length`` so a padded prefill chunk never runs off the end.
+KV-cache layout: per layer ``(k, v)`` of ``[slots, n_kv_heads, cache_len, head_dim]``;
+``cache_len = max_seq_len + 1`` (positions 0 .. max_seq_len; the last sampled token of a full
+sequence is written at max_seq_len): the padded tail of a prefill chunk past the end is dropped
+by the write (``transformer.write_cache``), so the cache needs no ``max_prefill_length`` of slack.
+The decode state is donated to ``generate`` and ``insert``, whose cache writes (one position of
+every slot per step; one slot's rows per insert) update it in place.
+
+Live length: attention reads only the first ``kv_len`` cache positions, ``kv_len`` the smallest
+bucket ``kv_bucket * 2**i`` above the longest slot, or the whole cache when that bucket is more
+than half of it, so the number of compiled shapes stays ~log2(cache_len / kv_bucket). (The
+cut-off is measured on XLA:CPU: slicing the cache costs a copy of the live part, which loses to
+reading a cache-resident cache in full -- 0.51 vs 0.23 ms for 64 of 96 positions at batch 32 --
+and wins 2.4-3.3x once the cache spills: 128 of 512, 256 of 1024 positions.) The engine knows every slot's length on the
+host (``DecodeState.host_lengths``, ``Prefix.host_length``: static fields, stripped before each
+jitted call so they never key a compile) and so picks the bucket without waiting on the device.
+Idle slots still advance (``generate`` computes every slot), so a drained slot's length -- and
+with it the bucket -- grows until the slot is refilled.
 """
 
 from __future__ import annotations
@@ -38,23 +53,28 @@ from sao_jax.rollout.jetstream_compat import engine_api, tokenizer_api, tokenize
 class Prefix:
   """KV cache of one sequence plus its first sampled token.
 
-  cache: per layer (k, v) [1, cache_len, n_kv_heads, head_dim]; length: int32 [] tokens in the
-  cache; token: int32 [] sampled next token (not yet in the cache); logprob: float32 [].
+  cache: per layer (k, v) [1, n_kv_heads, cache_len, head_dim]; length: int32 [] tokens in the
+  cache; token: int32 [] sampled next token (not yet in the cache); logprob: float32 [];
+  host_length: ``length`` as a Python int when the engine knows it (static, not a pytree leaf).
   """
   cache: Any
   length: jax.Array
   token: jax.Array
   logprob: jax.Array
+  host_length: Optional[int] = struct.field(pytree_node=False, default=None)
 
 
 @struct.dataclass
 class DecodeState:
-  """All slots. lengths/tokens/logprobs: [slots]; ``tokens`` are sampled but not yet cached."""
+  """All slots. lengths/tokens/logprobs: [slots]; ``tokens`` are sampled but not yet cached.
+  host_lengths: ``lengths`` as a tuple of Python ints (static; None = unknown, read from the
+  device when needed)."""
   cache: Any
   lengths: jax.Array
   tokens: jax.Array
   logprobs: jax.Array
   rng: jax.Array
+  host_lengths: Optional[tuple] = struct.field(pytree_node=False, default=None)
 
 
 @struct.dataclass
@@ -68,19 +88,54 @@ class LogProbResultTokens(engine_api.ResultTokens):
                                np.asarray(self.logprobs))
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+  """``jnp.argmax(x, -1)`` (the first index of the maximum) as a max and a min reduction: on
+  XLA:CPU the variadic argmax reduction took 0.90 ms over [32, 4096], this 0.20 ms.
+  x: float [..., V] without NaNs. Returns int32 [...]."""
+  top = jnp.max(x, axis=-1, keepdims=True)
+  iota = jnp.arange(x.shape[-1], dtype=jnp.int32)
+  return jnp.min(jnp.where(x == top, iota, x.shape[-1] - 1), axis=-1)
+
+
 def sample_tokens(logits: jax.Array, rng: jax.Array, temperature) -> tuple[jax.Array, jax.Array]:
   """Samples from softmax(logits / temperature); greedy when temperature == 0.
 
   Args: logits float32 [..., V]; rng PRNG key; temperature float scalar (traced is fine).
   Returns: (tokens int32 [...], logprobs float32 [...]) where logprobs is the log-probability
   of each token under the distribution it was drawn from (temperature 1 when greedy).
+
+  Gumbel-max, the same draw as ``jax.random.categorical(rng, logp)`` (the same Gumbel noise,
+  so the same tokens for the same key) with its variadic argmax replaced by ``first_argmax``:
+  1.03 vs 2.89 ms for [32, 4096] on XLA:CPU (``benchmarks/RESULTS.md`` section 2).
   """
   t = jnp.asarray(temperature, jnp.float32)
   greedy = t <= 0.0
   logp = jax.nn.log_softmax(logits / jnp.where(greedy, 1.0, t), axis=-1)
-  sampled = jax.random.categorical(rng, logp, axis=-1)
-  tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+  sampled = first_argmax(jax.random.gumbel(rng, logp.shape, logp.dtype) + logp)
+  tokens = jnp.where(greedy, first_argmax(logits), sampled).astype(jnp.int32)
   return tokens, jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+
+
+def live_kv_len(longest: int, cache_len: int, kv_bucket: int = 32) -> int:
+  """Live-length bucket: the smallest ``kv_bucket * 2**i`` >= ``longest`` (the cache positions a
+  step must attend to), or ``cache_len`` when that bucket is more than half of the cache (see
+  the module docstring for the measured cut-off)."""
+  n = kv_bucket
+  while n < longest:
+    n *= 2
+  return n if 2 * n <= cache_len else cache_len
+
+
+def _host_length(prefix: Prefix) -> int:
+  """``prefix.length`` as an int: the static mirror, or a device read when it is unknown."""
+  return int(prefix.length) if prefix.host_length is None else prefix.host_length
+
+
+def _host_lengths(state: DecodeState) -> tuple:
+  """``state.lengths`` as a tuple of ints: the static mirror, or a device read when unknown."""
+  if state.host_lengths is None:
+    return tuple(int(n) for n in np.asarray(state.lengths))
+  return state.host_lengths
 
 
 class CharTokenizerAdapter(tokenizer_api.Tokenizer):
@@ -122,42 +177,60 @@ class SAOEngine(engine_api.Engine):
     temperature: sampling temperature (0 = greedy).
     seed: PRNG seed for sampling.
     mesh: device mesh the engine runs on (default: one device).
+    kv_bucket: smallest live-length bucket (cache positions attended to); buckets double from
+      it up to ``cache_len``.
+
+  Raises ValueError for ``kv_bucket < 1``.
   """
 
   def __init__(self, model_config: ModelConfig, graphdef, tokenizer, *,
                max_concurrent_decodes: int = 32, max_prefill_length: int = 64,
-               temperature: float = 1.0, seed: int = 0, mesh: Optional[jax.sharding.Mesh] = None):
+               temperature: float = 1.0, seed: int = 0, mesh: Optional[jax.sharding.Mesh] = None,
+               kv_bucket: int = 32):
+    if kv_bucket < 1:
+      raise ValueError(f"SAOEngine kv_bucket={kv_bucket} must be >= 1.")
+    self.kv_bucket = int(kv_bucket)
     self.cfg = model_config
     self.graphdef = graphdef
     self.tokenizer = tokenizer
     self._slots = max_concurrent_decodes
     self._max_prefill = max_prefill_length
     self.temperature = float(temperature)
-    self.cache_len = model_config.max_seq_len + max_prefill_length
+    self.cache_len = model_config.max_seq_len + 1
     self._mesh = mesh or jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     self._base_key = jax.random.key(seed)
     self._counter = itertools.count()
     self._lock = threading.Lock()
-    self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("has_prefix",))
-    self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,))
+    self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("has_prefix", "kv_len"))
+    self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,),
+                                 static_argnames=("kv_len",))
     self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._slot_prefix_jit = jax.jit(self._slot_prefix_impl)
+    self._compiled_for = set()  # decode-state shapes whose live-length buckets are compiled
 
   # ---- pure implementations -------------------------------------------------------------------
+  def kv_len_for(self, longest: int) -> int:
+    """``live_kv_len(longest, self.cache_len, self.kv_bucket)``."""
+    return live_kv_len(longest, self.cache_len, self.kv_bucket)
+
   def _prefill_impl(self, params, cache, start, tokens, true_length, rng, temperature, *,
-                    has_prefix):
-    del has_prefix  # only distinguishes the compiled variants
+                    has_prefix, kv_len):
+    if not has_prefix:  # a fresh one-row cache, allocated inside the compiled prefill
+      cache = init_cache(self.cfg, 1, self.cache_len)
     model = nnx.merge(self.graphdef, params)
     positions = (start + jnp.arange(tokens.shape[0], dtype=jnp.int32))[None]
-    logits, cache = model(tokens[None], positions, cache)
-    last = jax.lax.dynamic_index_in_dim(logits[0], true_length - 1, keepdims=False)
+    h, cache = model.hidden(tokens[None], positions, cache, kv_len=kv_len)
+    # the LM head on the last true token only (not on every padded chunk position)
+    h_last = jax.lax.dynamic_slice_in_dim(h[0], true_length - 1, 1, axis=0)
+    last = model.logits_from_hidden(h_last)[0]
     token, logprob = sample_tokens(last, rng, temperature)
     return Prefix(cache=cache, length=start + true_length, token=token, logprob=logprob)
 
-  def _generate_impl(self, params, state: DecodeState, temperature):
+  def _generate_impl(self, params, state: DecodeState, temperature, *, kv_len):
     model = nnx.merge(self.graphdef, params)
     rng, sub = jax.random.split(state.rng)
-    logits, cache = model(state.tokens[:, None], state.lengths[:, None], state.cache)
+    logits, cache = model(state.tokens[:, None], state.lengths[:, None], state.cache,
+                          kv_len=kv_len)
     tokens, logprobs = sample_tokens(logits[:, 0], sub, temperature)
     lengths = jnp.minimum(state.lengths + 1, self.cfg.max_seq_len)
     new_state = DecodeState(cache=cache, lengths=lengths, tokens=tokens, logprobs=logprobs,
@@ -208,34 +281,64 @@ class SAOEngine(engine_api.Engine):
       raise ValueError(f"prefill chunk of {padded_tokens.shape[0]} tokens exceeds "
                        f"rollout.max_prefill_length={self._max_prefill}; raise it.")
     if existing_prefix is None:
-      cache = init_cache(self.cfg, 1, self.cache_len)
-      start = jnp.int32(0)
+      cache, start, host_start = None, 0, 0
     else:
       cache, start = existing_prefix.cache, existing_prefix.length
+      host_start = _host_length(existing_prefix)
     temp = self.temperature if temperature is None else temperature
-    return self._prefill_jit(params, cache, jnp.asarray(start, jnp.int32), padded_tokens,
-                             jnp.int32(true_length), self._next_key(), jnp.float32(temp),
-                             has_prefix=existing_prefix is not None)
+    # the whole (one-row) cache: a live-length bucket here would multiply the compiled prefill
+    # variants (chunk bucket x kv bucket) for little gain at batch 1
+    out = self._prefill_jit(params, cache, jnp.asarray(start, jnp.int32), padded_tokens,
+                            jnp.int32(true_length), self._next_key(), jnp.float32(temp),
+                            has_prefix=existing_prefix is not None, kv_len=None)
+    return out.replace(host_length=host_start + int(true_length))
 
   def generate(self, params, decode_state: DecodeState,
                temperature: Optional[float] = None):
     """One decode step for every slot: returns (new DecodeState, LogProbResultTokens)."""
-    temp = self.temperature if temperature is None else temperature
-    return self._generate_jit(params, decode_state, jnp.float32(temp))
+    temp = jnp.float32(self.temperature if temperature is None else temperature)
+    lengths = _host_lengths(decode_state)
+    bare = decode_state.replace(host_lengths=None)
+    self._compile_buckets(params, bare, temp)
+    state, result = self._generate_jit(params, bare, temp, kv_len=self.kv_len_for(max(lengths) + 1))
+    cap = self.cfg.max_seq_len
+    return state.replace(host_lengths=tuple(min(n + 1, cap) for n in lengths)), result
+
+  def live_buckets(self) -> list:
+    """Every ``kv_len`` ``generate`` can pick: one compiled decode step each."""
+    return sorted({self.kv_len_for(n) for n in range(1, self.cache_len + 1)})
+
+  def _compile_buckets(self, params, state: DecodeState, temp) -> None:
+    """On the first ``generate`` for a decode-state shape, runs (so compiles) the decode step of
+    every live-length bucket on a copy of the state: no compile happens later in a rollout, when
+    the longest slot crosses into a new bucket."""
+    key = jax.tree.structure(state), tuple(jax.tree.map(jnp.shape, jax.tree.leaves(state)))
+    if key in self._compiled_for:
+      return
+    for kv_len in self.live_buckets():
+      jax.block_until_ready(self._generate_jit(params, jax.tree.map(lambda x: x.copy(), state),
+                                               temp, kv_len=kv_len))
+    self._compiled_for.add(key)
 
   def insert(self, prefix: Prefix, decode_state: DecodeState, slot: int) -> DecodeState:
-    return self._insert_jit(prefix, decode_state, jnp.int32(slot))
+    lengths = list(_host_lengths(decode_state))
+    lengths[slot] = _host_length(prefix)
+    state = self._insert_jit(prefix.replace(host_length=None),
+                             decode_state.replace(host_lengths=None), jnp.int32(slot))
+    return state.replace(host_lengths=tuple(lengths))
 
   def slot_prefix(self, decode_state: DecodeState, slot: int) -> Prefix:
     """The KV cache of ``slot`` as a ``Prefix`` (for ``prefill(existing_prefix=...)``): the
     multi-turn continuation hook. Its ``token`` is the last sampled token, not yet cached."""
-    return self._slot_prefix_jit(decode_state, jnp.int32(slot))
+    prefix = self._slot_prefix_jit(decode_state.replace(host_lengths=None), jnp.int32(slot))
+    return prefix.replace(host_length=_host_lengths(decode_state)[slot])
 
   def init_decode_state(self, seed: int = 0) -> DecodeState:  # pylint: disable=arguments-differ
     n = self._slots
     state = DecodeState(cache=init_cache(self.cfg, n, self.cache_len),
                         lengths=jnp.zeros((n,), jnp.int32), tokens=jnp.zeros((n,), jnp.int32),
-                        logprobs=jnp.zeros((n,), jnp.float32), rng=jax.random.key(seed))
+                        logprobs=jnp.zeros((n,), jnp.float32), rng=jax.random.key(seed),
+                        host_lengths=(0,) * n)
     if self._mesh.size > 1:  # live on the engine's (sub-)mesh, replicated
       state = jax.device_put(state, jax.sharding.NamedSharding(self._mesh,
                                                                jax.sharding.PartitionSpec()))
