@@ -1,7 +1,7 @@
 """Pipeline: the main job (``sao_jax.train.loop.run``) under ``train.mode=sao`` vs ``grpo_sync``.
 
     python benchmarks/bench_pipeline.py [--quick] [--json out.json] [--repeats 2]
-        [--tool_latency lognormal:MEDIAN_S:SIGMA]
+        [--tool_latency lognormal:MEDIAN_S:SIGMA] [--backend ray --num_workers 2]
 
 Each run is a fresh subprocess (so its peak host memory, VmHWM, is its own), modes interleaved
 (sao, grpo_sync, sao, grpo_sync, ...), same batch (16), slots (16) and everything else. The RL
@@ -22,6 +22,10 @@ rest).
 lognormal time with median M s and log-std S (``task.tool_latency_median_s`` / ``_sigma``,
 ``sao_jax/envs/arith_tool.py``); env.step then runs on ``rollout.slots`` threads in both modes
 (``rollout.env_workers`` auto), so a slow call stalls only its own slot.
+
+``--backend ray --num_workers N`` runs the rollouts in N Ray actors (``rollout.backend=ray``);
+the engine counters (``rollout_*``) live in the actors then, so the engine columns read 0 and
+only the trainer-side columns (trajectories/s, trainer idle) are measured.
 """
 
 from __future__ import annotations
@@ -164,6 +168,8 @@ def main():
   ap.add_argument("--modes", default="sao,grpo_sync")
   ap.add_argument("--tool_latency", default="",
                   help="long-tailed task: lognormal:MEDIAN_S:SIGMA per tool call ('' = off)")
+  ap.add_argument("--backend", default="thread", choices=("thread", "ray"))
+  ap.add_argument("--num_workers", type=int, default=2, help="rollout actors (--backend ray)")
   ap.set_defaults(repeats=2)
   args = ap.parse_args()
   median_s, sigma = parse_tool_latency(args.tool_latency)
@@ -173,7 +179,11 @@ def main():
                "rollout.slots": 16, "sft.steps": 20, "eval.every_steps": 0,
                "checkpoint.every_steps": 0, "task.n_eval": 16, "log.tensorboard": False,
                "log.progress": "off", "rollout.max_new_tokens": 24,
-               "task.tool_latency_median_s": median_s, "task.tool_latency_sigma": sigma}
+               "task.tool_latency_median_s": median_s, "task.tool_latency_sigma": sigma,
+               "rollout.backend": args.backend}
+  if args.backend == "ray":
+    overrides.update({"rollout.num_workers": args.num_workers,
+                      "rollout.ray_num_cpus": 2.0 / args.num_workers})
   latency = (f"lognormal per tool call: median {median_s} s, sigma {sigma} (mean "
              f"{median_s * math.exp(sigma ** 2 / 2):.3g} s, p99 "
              f"{median_s * math.exp(2.326 * sigma):.3g} s); env.step on rollout.slots threads"
