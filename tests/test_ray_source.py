@@ -10,6 +10,8 @@ import dataclasses
 import importlib.util
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import jax
@@ -194,3 +196,51 @@ def test_an_actor_built_from_another_model_config_fails_take_at_once(ray_cluster
       source.take(1, policy_version=0)  # raised as what it is at the first reply, not retried
   finally:
     source.close()
+
+
+def test_two_trainer_processes_with_ray_actors_equal_one_process(ray_cluster, tmp_path):
+  """Two ``jax.distributed`` trainer processes (gloo), each fed by its own Ray rollout actor,
+  run 3 SAO steps; one process on one device, given the same trajectories, gets the same losses
+  and params within 1e-5."""
+  import portpicker  # pylint: disable=import-outside-toplevel  (test-only dependency)
+  from sao_jax.rollout.trajectory import Trajectory  # pylint: disable=import-outside-toplevel
+  from sao_jax.train.learner import Learner, LearnerConfig  # pylint: disable=import-outside-toplevel
+  sys.path.insert(0, os.path.join(ROOT, "tests"))
+  import multihost_ray_worker as W  # pylint: disable=import-outside-toplevel
+  address = ray_cluster.get_runtime_context().gcs_address
+  port = portpicker.pick_unused_port()
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+             JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "multihost_ray_worker.py"),
+                             str(i), str(port), address, str(tmp_path)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+           for i in range(2)]
+  try:
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-3000:]
+  got = [np.load(tmp_path / f"trajs{i}.npz") for i in range(2)]
+  np.testing.assert_allclose(got[0]["losses"], got[1]["losses"], atol=0)  # replicated metrics
+  c = W.config()
+  task, mcfg, graphdef, params, (cg, cp) = W.models(c)
+  ref = Learner(LearnerConfig.from_config(c), graphdef, params, cg, cp,
+                pad_id=task.tokenizer.pad_id, vocab_size=mcfg.vocab_size)
+  losses = []
+  for step in range(W.STEPS):
+    rows = [Trajectory(problem_id=f"p{i}", reward=float(g[f"s{step}_r{i}_reward"]),
+                       **{f: g[f"s{step}_r{i}_{f}"] for f in W.FIELDS})
+            for g in got for i in range(W.LOCAL_BATCH)]  # process 0's rows, then process 1's
+    assert all(int(r.policy_version.max()) <= step for r in rows)
+    m = ref.train_step(rows, step)
+    losses.append([m["policy_loss"], m["value_loss"]])
+  np.testing.assert_allclose(got[0]["losses"], losses, atol=1e-5, rtol=0)
+  final = np.load(tmp_path / "params.npz")
+  import sharding_helpers as H  # pylint: disable=import-outside-toplevel
+  expected = {**H.flat(ref.policy.params, "policy"), **H.flat(ref.critic.params, "critic")}
+  assert set(expected) == set(final.files)
+  for k, v in expected.items():
+    np.testing.assert_allclose(final[k], v, atol=1e-5, rtol=0, err_msg=k)

@@ -1,0 +1,96 @@
+"""One trainer process of the two-process ``jax.distributed`` + Ray test (tests/test_ray_source.py).
+
+``python tests/multihost_ray_worker.py PROCESS_ID PORT RAY_ADDRESS OUT_DIR``: joins a 2-process
+CPU cluster (gloo, 2 local devices each -> mesh data=2 x fsdp=2), joins the test's Ray cluster,
+feeds its own rows from its own Ray rollout actor (``RaySource``, one actor per process, its own
+ledger), runs 3 SAO steps publishing the weights after each, and writes the trajectories it
+trained on, the losses and (process 0) the final params to OUT_DIR.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import ray  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
+
+from sao_jax import pretrained, tasks  # noqa: E402
+from sao_jax.models.transformer import Transformer  # noqa: E402
+from sao_jax.rollout.ledger import PromptLedger  # noqa: E402
+from sao_jax.rollout.ray_source import RaySource  # noqa: E402
+from sao_jax.train import distributed, sharding  # noqa: E402
+from sao_jax.train.learner import Learner, LearnerConfig  # noqa: E402
+from sao_jax.train.setup import critic_from_policy  # noqa: E402
+import sharding_helpers as H  # noqa: E402
+
+STEPS, LOCAL_BATCH = 3, 4
+FIELDS = ("tokens", "action_mask", "logprobs", "policy_version")
+
+
+def config():
+  """``configs/arith_tool.py:smoke`` with a tiny model (the actors build the same structure)."""
+  c = H.arith_config()
+  c.task.n_train, c.task.n_eval = 64, 2
+  c.model.d_model, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads = 32, 1, 2, 1
+  c.model.head_dim, c.model.d_ff, c.model.max_seq_len = 16, 64, 64
+  c.rollout.slots, c.rollout.max_new_tokens = 4, 8
+  c.train.policy_lr = c.train.critic_lr = 1e-5
+  c.train.critic_lr_warmup_steps, c.train.batch_size = 0, 2 * LOCAL_BATCH
+  c.rollout.backend, c.rollout.num_workers, c.rollout.ray_num_cpus = "ray", 1, 0.5
+  c.rollout.ray_max_outstanding = 4
+  return c
+
+
+def models(c):
+  task = tasks.make_task(c)
+  mcfg = pretrained.model_config(c, task.tokenizer.vocab_size)
+  graphdef, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(0)))
+  params = nnx.to_pure_dict(params)
+  return task, mcfg, graphdef, params, critic_from_policy(mcfg, params, 1)
+
+
+def main(pid: int, port: int, ray_address: str, out: str) -> None:
+  distributed.initialize({"coordinator_address": f"localhost:{port}", "num_processes": 2,
+                          "process_id": pid, "cpu_collectives": "gloo"})
+  assert jax.process_count() == 2 and jax.device_count() == 4
+  c = config()
+  c.rollout.ray_address = ray_address
+  ray.init(address=ray_address, log_to_driver=False)
+  task, mcfg, graphdef, params, (cg, cp) = models(c)
+  learner = Learner(LearnerConfig.from_config(c), graphdef, params, cg, cp,
+                    pad_id=task.tokenizer.pad_id, vocab_size=mcfg.vocab_size,
+                    mesh=sharding.make_mesh({"data": 2, "fsdp": -1}))
+  source = RaySource(c, mcfg, PromptLedger(task.train_problems, c.seed + pid),
+                     learner.policy_params(), 0)
+  losses, saved = [], {}
+  try:
+    for step in range(STEPS):
+      trajs = source.take(LOCAL_BATCH, step)
+      m = learner.train_step(trajs, step)
+      losses.append([m["policy_loss"], m["value_loss"]])
+      source.publish(learner.policy_params(), step + 1)
+      for i, t in enumerate(trajs):
+        for f in FIELDS:
+          saved[f"s{step}_r{i}_{f}"] = np.asarray(getattr(t, f))
+        saved[f"s{step}_r{i}_reward"] = np.float32(t.reward)
+  finally:
+    source.close()
+  np.savez(os.path.join(out, f"trajs{pid}.npz"), losses=np.array(losses), **saved)
+  policy = multihost_utils.process_allgather(learner.policy.params, tiled=True)
+  critic = multihost_utils.process_allgather(learner.critic.params, tiled=True)
+  if distributed.is_main_process():
+    np.savez(os.path.join(out, "params.npz"), **H.flat(policy, "policy"),
+             **H.flat(critic, "critic"))
+  print(f"process {pid}: losses {losses}", flush=True)
+
+
+if __name__ == "__main__":
+  main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
