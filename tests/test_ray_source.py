@@ -59,13 +59,17 @@ def test_mismatched_tree_is_refused_before_any_bytes_move():
 
 
 # ---- the Ray backend ----------------------------------------------------------------------------
-def _ray_processes() -> set[int]:
-  """PIDs of live raylet / gcs_server processes (read from /proc: no fork in a JAX process)."""
+def _ray_processes(under: str = "") -> set[int]:
+  """PIDs of live raylet / gcs_server processes (read from /proc: no fork in a JAX process);
+  with ``under``, only those of a Ray whose temp dir (``RAY_TMPDIR``) is that folder."""
   out = set()
   for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
       with open(f"/proc/{pid}/cmdline", "rb") as f:
-        argv0 = f.read().split(b"\0")[0]
+        cmdline = f.read()
+        argv0 = cmdline.split(b"\0")[0]
+      if under and under.encode() not in cmdline:
+        continue
       with open(f"/proc/{pid}/stat", "rb") as f:
         zombie = f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
     except OSError:

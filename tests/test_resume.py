@@ -3,9 +3,11 @@ resumed each time, and ends bit-identical to an uninterrupted run with the same 
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -126,13 +128,15 @@ def test_killed_async_run_resumes_and_consumes_every_prompt_once(tmp_path, backe
   if backend == "ray":
     pytest.importorskip("ray")
   from test_ray_source import _ray_processes  # pylint: disable=import-outside-toplevel  (tests/ helper)
-  before = _ray_processes()
   args = [a for a in ARGS if "lockstep" not in a and "checkpoint.every_steps" not in a]
   args += ["--config.checkpoint.every_steps=1", f"--config.rollout.backend={backend}"]
   if backend == "ray":
     args += ["--config.rollout.num_workers=2", "--config.rollout.ray_num_cpus=0.5"]
   cmd = [sys.executable, "-m", "sao_jax.main", *args, f"--config.run_dir={tmp_path}"]
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  # the driver's own Ray temp dir (short: Ray's unix sockets live under it), so that only the
+  # Ray this test started is cleaned up after the SIGKILL, never another one on the machine
+  ray_dir = tempfile.mkdtemp(prefix="sao_ray_", dir="/tmp")
+  env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_TMPDIR=ray_dir)
   env.pop("SAO_FAULT_KILL", None)
   try:
     killed = subprocess.run(cmd, cwd=ROOT, env=dict(env, SAO_FAULT_KILL="train:3"),
@@ -142,8 +146,9 @@ def test_killed_async_run_resumes_and_consumes_every_prompt_once(tmp_path, backe
                              timeout=600, check=False)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
   finally:  # a SIGKILLed driver cannot stop the Ray it started
-    for pid in _ray_processes() - before:
+    for pid in _ray_processes(under=ray_dir):
       os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(ray_dir, ignore_errors=True)
   assert "resuming from" in resumed.stdout
   ledger = _jsonl(tmp_path / "ledger.jsonl")
   assert [r["step"] for r in ledger] == list(range(1, STEPS + 1))
