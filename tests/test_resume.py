@@ -132,11 +132,14 @@ def test_killed_async_run_resumes_and_consumes_every_prompt_once(tmp_path, backe
   args += ["--config.checkpoint.every_steps=1", f"--config.rollout.backend={backend}"]
   if backend == "ray":
     args += ["--config.rollout.num_workers=2", "--config.rollout.ray_num_cpus=0.5"]
-  cmd = [sys.executable, "-m", "sao_jax.main", *args, f"--config.run_dir={tmp_path}"]
+  cmd = [sys.executable, "-m", "sao_jax.main", *args, f"--config.run_dir={tmp_path / 'run'}"]
   # the driver's own Ray temp dir (short: Ray's unix sockets live under it), so that only the
   # Ray this test started is cleaned up after the SIGKILL, never another one on the machine
   ray_dir = tempfile.mkdtemp(prefix="sao_ray_", dir="/tmp")
-  env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_TMPDIR=ray_dir)
+  env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_TMPDIR=ray_dir,
+             JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),  # the resumed run reuses it
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   env.pop("SAO_FAULT_KILL", None)
   try:
     killed = subprocess.run(cmd, cwd=ROOT, env=dict(env, SAO_FAULT_KILL="train:3"),
@@ -150,10 +153,10 @@ def test_killed_async_run_resumes_and_consumes_every_prompt_once(tmp_path, backe
       os.kill(pid, signal.SIGKILL)
     shutil.rmtree(ray_dir, ignore_errors=True)
   assert "resuming from" in resumed.stdout
-  ledger = _jsonl(tmp_path / "ledger.jsonl")
+  ledger = _jsonl(tmp_path / "run" / "ledger.jsonl")
   assert [r["step"] for r in ledger] == list(range(1, STEPS + 1))
   positions = [p for r in ledger for p in r["positions"]]
   assert len(positions) == len(set(positions)) == STEPS * 8
-  _, _, meta = _final_state(tmp_path)
+  _, _, meta = _final_state(tmp_path / "run")
   cursor = set(range(meta["ledger"]["low"])) | set(meta["ledger"]["extra"])
   assert cursor == set(positions)

@@ -231,10 +231,25 @@ class Learner:
     return self._jitted[microbatches]
 
   # ---- batches -------------------------------------------------------------------------------
-  def plan(self, local_trajectories: int) -> tuple[int, int]:
-    """(global rows, micro-batches) for a step on ``local_trajectories`` per process."""
-    return microbatch_plan(local_trajectories * jax.process_count(), self.cfg.batch_length or 1,
-                           self.cfg.tokens_per_device, self._shards)
+  def plan(self, local_trajectories: int, length: int = 0) -> tuple[int, int]:
+    """(global rows, micro-batches) for a step on ``local_trajectories`` per process of
+    ``length`` tokens (default ``model.max_seq_len``)."""
+    return microbatch_plan(local_trajectories * jax.process_count(),
+                           length or self.cfg.batch_length or 1, self.cfg.tokens_per_device,
+                           self._shards)
+
+  def batch_length_for(self, local_trajectories: Sequence[Trajectory]) -> int:
+    """T of a batch: ``model.max_seq_len`` on several processes (they must agree on it), else
+    the longest trajectory rounded up to 32 x a power of two, at most ``model.max_seq_len``
+    (a few compiled shapes, and far fewer padded tokens for long-context configs)."""
+    limit = self.cfg.batch_length
+    if jax.process_count() > 1 or not limit:
+      return limit
+    longest = max((len(t.tokens) for t in local_trajectories), default=1)
+    t = 32
+    while t < longest:
+      t *= 2
+    return min(t, limit) if longest <= limit else limit  # longer: build_batch names it
 
   def batch(self, local_trajectories: Sequence[Trajectory]) -> tuple[Batch, int]:
     """This process's trajectories -> (global ``Batch`` on the mesh, micro-batches).
@@ -242,13 +257,14 @@ class Learner:
     Rows are padded with empty rows to the planned row count; the running-mean baseline (if
     the estimator keeps one) is scored here, before the rewards join its window. Raises
     ``BatchError`` naming the trajectory and field of a malformed trajectory."""
-    rows, micro = self.plan(len(local_trajectories))
+    length = self.batch_length_for(local_trajectories)
+    rows, micro = self.plan(len(local_trajectories), length)
     n_local = len(process_rows(self.batch_sharding, rows))
     baseline = None
     if self._baseline is not None:
       baseline = self._baseline([t.problem_id for t in local_trajectories],
                                 [t.reward for t in local_trajectories])
-    host = build_batch(local_trajectories, self.pad_id, length=self.cfg.batch_length,
+    host = build_batch(local_trajectories, self.pad_id, length=length,
                        rows=n_local, vocab_size=self.vocab_size, baseline=baseline)
     return self.global_batch(host, rows), micro
 

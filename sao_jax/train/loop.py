@@ -48,7 +48,9 @@ def run(config) -> dict[str, Any]:
   task = tasks.make_task(config)
   policy = setup.build_policy(config, task, warm_start=resume_step is None)
   print(f"task {config.task.name}: {len(task.train_problems)} train / {len(task.eval_problems)} "
-        f"eval problems; model {policy.mcfg}; policy from {policy.source}", flush=True)
+        f"eval problems; model {policy.mcfg}", flush=True)
+  print(f"policy loaded from {policy.source}" if policy.loaded else f"policy: {policy.source}",
+        flush=True)
   learner = setup.make_learner(config, policy, task.tokenizer.pad_id)
   eval_engine = setup.make_engine(config, policy, task.tokenizer, slots=config.eval.slots,
                                   temperature=0.0)

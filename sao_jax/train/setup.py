@@ -31,11 +31,13 @@ from sao_jax.train.progress import Progress
 
 @dataclasses.dataclass
 class Policy:
-  """The starting policy: model config, graphdef (static), params (pure dict) and its source."""
+  """The starting policy: model config, graphdef (static), params (pure dict), its source and
+  whether it was loaded from a checkpoint."""
   mcfg: ModelConfig
   graphdef: Any
   params: Any
   source: str
+  loaded: bool = False
 
 
 def build_policy(config, task, warm_start: bool = True) -> Policy:
@@ -46,13 +48,13 @@ def build_policy(config, task, warm_start: bool = True) -> Policy:
   if loaded:
     mcfg, params = loaded
     graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))[0]
-    return Policy(mcfg, graphdef, params, f"{pretrained.source(config)} checkpoint")
+    return Policy(mcfg, graphdef, params, f"{pretrained.source(config)} checkpoint", True)
   mcfg = pretrained.model_config(config, task.tokenizer.vocab_size)
   graphdef, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(config.seed)))
   params = nnx.to_pure_dict(params)
   if config.model.checkpoint_dir:
     return Policy(mcfg, graphdef, load_policy_params(config.model.checkpoint_dir, params),
-                  config.model.checkpoint_dir)
+                  config.model.checkpoint_dir, True)
   if not (task.sft_demos and config.sft.steps > 0 and warm_start):
     return Policy(mcfg, graphdef, params, "random init")
   t0 = time.time()
