@@ -38,12 +38,9 @@ FIELDS = {
     "aggregation": dict(aggregation="seq_mean"),
     "dual_clip": dict(mode="vapo", dual_clip=1.5),
     "tis_cap": dict(mode="vapo", objective="tis", tis_cap=0.5),
-    "eps_low": dict(eps_low=0.05),
-    "advantage_estimator=step_gae_last": dict(advantage_estimator="step_gae_last"),
     "advantage_estimator=running_mean_prompt": dict(advantage_estimator="running_mean_prompt"),
     "value_clip_eps": dict(value_clip_eps=1e-3),
     "lam_critic": dict(lam_critic=0.5),
-    "bootstrap_truncated": dict(bootstrap_truncated=True),
 }
 ADAM = dict(adam_eps=1e-5)  # keeps Adam from amplifying reduction-order noise on ~0 gradients
 

@@ -112,6 +112,9 @@ class LearnerConfig:
     return self.ppo_eps_low, self.ppo_eps_high
 
 
+BUCKET_ABOVE = 512  # model.max_seq_len above which batches are padded to a length bucket
+
+
 def one_device_mesh():
   """A mesh of this process's first device (the learner's default)."""
   return sharding.make_mesh({"data": 1}, devices=jax.local_devices()[:1])
@@ -239,11 +242,12 @@ class Learner:
                            self._shards)
 
   def batch_length_for(self, local_trajectories: Sequence[Trajectory]) -> int:
-    """T of a batch: ``model.max_seq_len`` on several processes (they must agree on it), else
-    the longest trajectory rounded up to 32 x a power of two, at most ``model.max_seq_len``
-    (a few compiled shapes, and far fewer padded tokens for long-context configs)."""
+    """T of a batch: ``model.max_seq_len`` for short contexts (<= ``BUCKET_ABOVE`` tokens: one
+    compiled shape) and on several processes (they must agree on it); otherwise the longest
+    trajectory rounded up to 32 x a power of two, at most ``model.max_seq_len`` (a few compiled
+    shapes, and far fewer padded tokens for long-context configs)."""
     limit = self.cfg.batch_length
-    if jax.process_count() > 1 or not limit:
+    if jax.process_count() > 1 or not limit or limit <= BUCKET_ABOVE:
       return limit
     longest = max((len(t.tokens) for t in local_trajectories), default=1)
     t = 32
