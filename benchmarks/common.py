@@ -174,14 +174,9 @@ def learner_steps(graphdef, params, critic_graphdef, critic_params, lr: float, *
   ``configs/arith_tool.py`` (``train`` fields overridden; no critic lr warm-up), and its
   ``(learner, policy_step(state, batch, advantages, None), critic_step(state, batch,
   targets))``."""
-  import importlib.util  # pylint: disable=import-outside-toplevel  (benchmark-only helpers below)
+  from sao_jax import configs  # pylint: disable=import-outside-toplevel  (jax-free module top)
   from sao_jax.train.learner import Learner, LearnerConfig  # pylint: disable=import-outside-toplevel
-  spec = importlib.util.spec_from_file_location(
-      "_arith", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                             "configs", "arith_tool.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  cfg = LearnerConfig.from_config(mod.get_config(), policy_lr=lr, critic_lr=lr,
+  cfg = LearnerConfig.from_config(configs.load("arith_tool"), policy_lr=lr, critic_lr=lr,
                                   critic_lr_warmup_steps=0, **train)
   learner = Learner(cfg, graphdef, params, critic_graphdef, critic_params, pad_id=0)
   _, critic_step, policy_step, _ = learner.jitted_steps()

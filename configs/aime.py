@@ -15,19 +15,14 @@ Without one it stops at once and says which field to set.
 for two steps (a wiring check, not a result).
 """
 
-import importlib.util
-import os
-
 import ml_collections
 
-_spec = importlib.util.spec_from_file_location(
-    "sao_configs_arith_tool", os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith_tool.py"))
-arith_tool = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(arith_tool)
+from sao_jax import configs
+
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  c = arith_tool.get_config()
+  c = configs.load("arith_tool")
   c.run_dir = "runs/aime"
   c.task.name = "tir_math"            # multi-turn, sandboxed Python tool (envs/tir_math.py)
   c.task.train_file = "paper_mix"     # data/split.py TRAIN_MIX: 8,073 problems, none evaluated

@@ -6,19 +6,14 @@ observation reveals progress. Derived from `configs/arith_tool.py`; only what di
 variant `configs/chain_tool.py:smoke` runs a few steps only.
 """
 
-import importlib.util
-import os
-
 import ml_collections
 
-_spec = importlib.util.spec_from_file_location(
-    "sao_configs_arith_tool", os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith_tool.py"))
-arith_tool = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(arith_tool)
+from sao_jax import configs
+
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  c = arith_tool.get_config()
+  c = configs.load("arith_tool")
   c.run_dir = "runs/chain_tool"
   c.task.name = "chain_tool"
   c.task.chain_lengths = (3, 4)           # calculator calls a problem needs

@@ -14,19 +14,14 @@ Slow on 2 CPU cores (one policy step of the full config takes minutes), fast on 
 `python -m sao_jax.main --config=configs/gsm8k_smollm2.py:smoke`.
 """
 
-import importlib.util
-import os
-
 import ml_collections
 
-_spec = importlib.util.spec_from_file_location(
-    "sao_configs_arith_tool", os.path.join(os.path.dirname(os.path.abspath(__file__)), "arith_tool.py"))
-arith_tool = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(arith_tool)
+from sao_jax import configs
+
 
 
 def get_config(variant: str = "") -> ml_collections.ConfigDict:
-  c = arith_tool.get_config()
+  c = configs.load("arith_tool")
   c.run_dir = "runs/gsm8k_smollm2"
   c.task.name = "math"
   c.task.train_file = "gsm8k_train.jsonl"  # 7,473 problems (shuffled by seed)

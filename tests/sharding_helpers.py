@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 import jax
@@ -19,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from sao_jax import configs
 from sao_jax.models import presets
 from sao_jax.models.transformer import Critic, Transformer, default_positions
 from sao_jax.rollout.trajectory import Trajectory
@@ -35,11 +35,7 @@ MOE = presets.get_preset("tiny-qwen3-moe", vocab_size=64, d_model=32, n_layers=1
 
 
 def arith_config():
-  spec = importlib.util.spec_from_file_location("_arith", os.path.join(ROOT, "configs",
-                                                                       "arith_tool.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config()
+  return configs.load("arith_tool")
 
 
 def learner_config(mode: str = "sao", **train) -> LearnerConfig:

@@ -7,7 +7,6 @@ dashboard), stop it at the end and check that no ``raylet`` / ``gcs_server`` pro
 """
 
 import dataclasses
-import importlib.util
 import os
 import signal
 import subprocess
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sao_jax.rollout import weight_sync
+from sao_jax import configs
 from sao_jax.rollout.weight_sync import WeightMismatchError, WeightPublisher, WeightPuller
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,11 +79,7 @@ def _ray_processes(under: str = "") -> set[int]:
 
 
 def _config():
-  spec = importlib.util.spec_from_file_location("arith_tool_cfg",
-                                                os.path.join(ROOT, "configs", "arith_tool.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config("smoke")
+  c = configs.load("arith_tool", "smoke")
   c.model.d_model, c.model.n_layers, c.model.n_heads, c.model.n_kv_heads = 32, 1, 2, 1
   c.model.head_dim, c.model.d_ff = 16, 64
   c.rollout.slots, c.rollout.max_new_tokens = 4, 8

@@ -30,14 +30,13 @@ import os
 import re
 from typing import Any, Optional
 
-from sao_jax import algo
+from sao_jax import algo, configs
 from sao_jax.algo.objectives import AGGREGATIONS
 from sao_jax.rollout.staleness import POLICIES
 from sao_jax.train.distributed import parse_mesh_shape
 from sao_jax.train.modes import MODES
 from sao_jax.train.progress import MODES as PROGRESS
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # fields that only some configs define: name -> allowed types
 EXTRA_KEYS: dict[str, tuple] = {
     "task.chain_lengths": (tuple,),  # chain_tool: calculator calls a problem needs
@@ -115,12 +114,8 @@ def _flatten(d, prefix="") -> dict[str, Any]:
 
 def reference_schema() -> dict[str, tuple]:
   """Field name -> allowed types, from the default ``configs/arith_tool.py`` + ``EXTRA_KEYS``."""
-  spec = importlib.util.spec_from_file_location("_sao_ref_config",
-                                                os.path.join(ROOT, "configs", "arith_tool.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
   schema = {}
-  for k, v in _flatten(mod.get_config()).items():
+  for k, v in _flatten(configs.load("arith_tool")).items():
     if isinstance(v, bool):
       schema[k] = (bool,)
     elif isinstance(v, float):
