@@ -14,7 +14,9 @@ It admits nothing before its first weights arrive, so a (re)started actor always
 newest version the driver published.
 
 Flow (pull-based, bounded): the driver hands each actor ``(ticket, Problem)`` items from its
-ledger until the actor holds ``max_outstanding`` unfinished prompts (back-pressure), and polls
+ledger until the actor holds ``max_outstanding`` unfinished prompts, and never has more than
+``rollout.queue_size`` prompts in flight or finished-but-not-taken in all (the thread backend's
+bounded queue: back-pressure, so rollouts do not run ahead of the learner), and polls
 each actor for finished trajectories (one poll in flight per actor). Every item carries a ticket
 unique in the run; the driver tracks the tickets outstanding at each actor.
 
@@ -127,6 +129,7 @@ class RaySource:
     self.max_staleness = int(max_staleness)
     self.admission = admission
     self.max_outstanding = int(_config_get(r, "ray_max_outstanding", 0)) or 2 * int(r.slots)
+    self.queue_size = int(_config_get(r, "queue_size", 64))
     transport = weight_sync.resolve_transport(_config_get(r, "weight_sync", "auto"))
     self.publisher = weight_sync.WeightPublisher(transport)
     self.publisher.publish(params, version)
@@ -284,7 +287,9 @@ class RaySource:
       if a.sent_version < 0:
         continue
       items = []
-      while len(a.outstanding) + len(items) < self.max_outstanding:
+      room = (self.queue_size - len(self._arrived) - len(self._reissue)
+              - sum(len(b.outstanding) for b in self.actors))
+      while len(a.outstanding) + len(items) < self.max_outstanding and len(items) < room:
         item = self._next_item()
         if item is None:
           break
