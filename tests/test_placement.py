@@ -6,11 +6,13 @@ import os
 import subprocess
 import sys
 
+from conftest import with_test_xla_flags  # tests/conftest.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_engine_and_trainer_on_disjoint_submeshes():
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=with_test_xla_flags("--xla_force_host_platform_device_count=8"),
              JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts", "submesh_sync.py")],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -208,7 +208,8 @@ def test_two_trainer_processes_with_ray_actors_equal_one_process(ray_cluster, tm
   import multihost_ray_worker as W  # pylint: disable=import-outside-toplevel
   address = ray_cluster.get_runtime_context().gcs_address
   port = portpicker.pick_unused_port()
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+  from conftest import with_test_xla_flags  # pylint: disable=import-outside-toplevel  (tests/ on the path)
+  env = dict(os.environ, XLA_FLAGS=with_test_xla_flags("--xla_force_host_platform_device_count=2"),
              JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
   procs = [subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "multihost_ray_worker.py"),
                              str(i), str(port), address, str(tmp_path)], cwd=ROOT, env=env,

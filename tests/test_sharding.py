@@ -35,6 +35,7 @@ from sao_jax.train.learner import Learner
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sharding_helpers as H  # noqa: E402  pylint: disable=wrong-import-position
+from conftest import with_test_xla_flags  # noqa: E402  pylint: disable=wrong-import-position
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")
@@ -42,7 +43,8 @@ TOL = 1e-5
 
 
 def _env(devices: int, cache=None) -> dict:
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+  env = dict(os.environ, XLA_FLAGS=with_test_xla_flags(
+      f"--xla_force_host_platform_device_count={devices}"),
              TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
   if cache:  # grpo_async / grpo_sync (and sao / vapo's critic) compile the same programs
     env.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
