@@ -2,7 +2,7 @@
 
 A task in which the critic has something to learn: the reward is binary and final, but every tool
 observation reveals progress. Derived from `configs/arith_tool.py`; only what differs is set here.
-`python -m sao_jax.main --config=configs/chain_tool.py [--config.sft.cache_dir=/tmp/sft_cache]`;
+`python -m sao_jax.main --config=configs/chain_tool.py [--config.sft.cache_dir=runs/sft_cache]`;
 variant `configs/chain_tool.py:smoke` runs a few steps only.
 """
 

@@ -21,8 +21,8 @@ without one):
 the paper's four benchmarks (``PAPER_BENCHMARKS``) are 2025 competitions (AIME 2025, HMMT
 February 2025), BeyondAIME and IMO-AnswerBench, none of which the mix contains. MATH-500 and the
 2023/2024 competitions train here, so a score on them from a model trained with this mix is not
-a held-out number. Sources and licences of every file: ``/work/shared/data/README.md`` (copied
-with only ``id``, ``problem``, ``answer`` and a few small fields; solutions dropped).
+a held-out number. Sources and licences of every file: the data README of the shared folder
+beside the checkout (copied with only ``id``, ``problem``, ``answer`` and a few small fields; solutions dropped).
 
 Disjointness is checked on ``normalize_problem`` text (lowercase; ``\left``/``\right``/
 ``\displaystyle`` dropped; ``\dfrac``/``\tfrac`` -> ``\frac``; LaTeX spacing ``\,`` ``\;``
