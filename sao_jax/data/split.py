@@ -22,7 +22,8 @@ the paper's four benchmarks (``PAPER_BENCHMARKS``) are 2025 competitions (AIME 2
 February 2025), BeyondAIME and IMO-AnswerBench, none of which the mix contains. MATH-500 and the
 2023/2024 competitions train here, so a score on them from a model trained with this mix is not
 a held-out number. Sources and licences of every file: the data README of the shared folder
-beside the checkout (copied with only ``id``, ``problem``, ``answer`` and a few small fields; solutions dropped).
+beside the checkout (copied with only ``id``, ``problem``, ``answer`` and a few small fields;
+solutions dropped).
 
 Disjointness is checked on ``normalize_problem`` text (lowercase; ``\left``/``\right``/
 ``\displaystyle`` dropped; ``\dfrac``/``\tfrac`` -> ``\frac``; LaTeX spacing ``\,`` ``\;``
