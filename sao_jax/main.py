@@ -7,6 +7,7 @@ from ml_collections import config_flags
 
 from sao_jax import host_malloc
 from sao_jax.train import loop
+from sao_jax.train.resume import ResumeError
 from sao_jax.train.validation import ConfigError, validate_config
 
 config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file "
@@ -25,9 +26,9 @@ def main(argv):
     host_malloc.keep_freed_memory()
   try:  # every bad field in one message, before any model is built
     validate_config(FLAGS.config)
-  except ConfigError as e:
+    loop.run(FLAGS.config)
+  except (ConfigError, ResumeError) as e:
     raise SystemExit(f"{e}") from None  # exit status 1, the message on stderr, no traceback
-  loop.run(FLAGS.config)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ back to the rollout side as ``policy_version`` + 1. What is built from the confi
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -49,8 +50,9 @@ def run(config) -> dict[str, Any]:
   policy = setup.build_policy(config, task, warm_start=resume_step is None)
   print(f"task {config.task.name}: {len(task.train_problems)} train / {len(task.eval_problems)} "
         f"eval problems; model {policy.mcfg}", flush=True)
-  print(f"policy loaded from {policy.source}" if policy.loaded else f"policy: {policy.source}",
-        flush=True)
+  if resume_step is None:
+    print(f"policy loaded from {policy.source}" if policy.loaded else f"policy: {policy.source}",
+          flush=True)
   learner = setup.make_learner(config, policy, task.tokenizer.pad_id)
   eval_engine = setup.make_engine(config, policy, task.tokenizer, slots=config.eval.slots,
                                   temperature=0.0)
@@ -67,6 +69,13 @@ def run(config) -> dict[str, Any]:
     start_step, version, before = int(meta["step"]), int(meta["policy_version"]), meta["before"]
     ledger = PromptLedger.from_state(task.train_problems, meta["ledger"])
     guard.total = int(meta.get("nonfinite_total", 0))
+    print(f"policy restored from {ckpt_dir} step {start_step}", flush=True)
+    if start_step >= tcfg.num_steps and os.path.exists(os.path.join(run_dir, "results.csv")):
+      # nothing left to train and the run's summary exists: keep it (a re-run would lose it)
+      ckpt.close()
+      print(f"the run is complete ({tcfg.num_steps} steps); its results stay in {run_dir}"
+            "/results.csv (raise train.num_steps to train further)", flush=True)
+      return {}
   else:
     t0 = time.time()
     before = evaluate(learner.policy_params(), task.eval_problems, 0)

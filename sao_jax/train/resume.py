@@ -23,6 +23,10 @@ from sao_jax.train.checkpoint import Checkpointer
 from sao_jax.train.metrics import require_wandb
 
 
+class ResumeError(ValueError):
+  """The run folder cannot be resumed with this config (the message names the fix)."""
+
+
 class NonFiniteError(RuntimeError):
   """The run stopped: too many policy steps in a row had NaN/inf loss or gradients."""
 
@@ -127,7 +131,7 @@ def check_resume_config(run_dir: str, config_json: str, resume_step: Optional[in
   fix = ("use a new --config.run_dir, or --config.checkpoint.resume=False to start over in "
          "this folder")
   if num_steps < resume_step:
-    raise ValueError(f"{run_dir} has a checkpoint at step {resume_step}, past "
+    raise ResumeError(f"{run_dir} has a checkpoint at step {resume_step}, past "
                      f"train.num_steps={num_steps}: nothing left to train. Raise "
                      f"--config.train.num_steps to continue that run, or {fix}.")
   path = os.path.join(run_dir, "config.json")
@@ -142,7 +146,7 @@ def check_resume_config(run_dir: str, config_json: str, resume_step: Optional[in
   if changed:
     diff = ", ".join(f"{k} (was {old.get(k)!r}, now {new.get(k)!r})" for k in changed[:8])
     more = f" and {len(changed) - 8} more" if len(changed) > 8 else ""
-    raise ValueError(f"{run_dir} holds a checkpoint (step {resume_step}) of a run with another "
+    raise ResumeError(f"{run_dir} holds a checkpoint (step {resume_step}) of a run with another "
                      f"config: {diff}{more}. Resuming would continue that run, not this one; "
                      f"{fix}.")
 
