@@ -274,3 +274,18 @@ def test_two_processes_match_one(tmp_path):
     np.testing.assert_allclose(got[k], v, atol=TOL, rtol=0, err_msg=k)
   assert np.abs(expected["policy/embed/embedding"] - np.asarray(pp["embed"]["embedding"])).max() \
       > 2e-5  # 3 steps really moved the params
+
+
+def test_value_pretraining_step_moves_only_the_critic():
+  """``critic_only_step`` (train.critic_warmup_steps > 0): K critic updates, no policy update."""
+  pg, pp, cg, cp = H.make_models()
+  lr = Learner(H.learner_config("sao"), pg, pp, cg, cp, pad_id=0, vocab_size=64)
+  policy_before = jax.device_get(lr.policy.params)
+  critic_before = jax.device_get(lr.critic.params)
+  batch, micro = lr.batch(H.make_trajectories(pg, pp))
+  m = lr.critic_only_step(batch, micro)
+  assert set(m) >= {"value_loss", "critic_grad_norm", "explained_variance", "value_min"}
+  assert np.isfinite(m["value_loss"]) and m["value_loss"] > 0
+  assert H.max_abs_diff(lr.policy.params, policy_before) == 0.0
+  assert H.max_abs_diff(lr.critic.params, critic_before) > 1e-4
+  assert int(lr.critic.step) == 2  # K = 2 critic optimizer updates
