@@ -92,6 +92,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.critic_lr_warmup_steps = 10  # critic linear lr warm-up (paper: 10)
   c.train.critic_updates_per_step = 2  # K critic updates per policy update (paper: 2)
   c.train.critic_warmup_steps = 0 # critic-only steps on rollouts before RL (pre-trained critic)
+  c.train.policy_minibatches = 1  # M policy updates per batch, one per mini-batch, PPO's pi_old =
+                                  # the policy at the batch's start (1 = SAO's one update)
   c.train.freeze_critic_attention = True  # critic trains only MLP, norms, embeddings, value head
   # regexes over critic param paths frozen when freeze_critic_attention (e.g. add r"/mlp/router/",
   # r"backbone/embed/", r"_norm/" to freeze the MoE router, embeddings, norms too)

@@ -144,13 +144,16 @@ def test_groups_gate_and_staleness():
 
 
 def test_running_mean_baselines():
-  """Per prompt, window 2: rewards a:1 -> A=1-0; a:0 -> 0-1; b:1 -> 1-0; a:1 -> 1-(1+0)/2;
-  a:1 -> 1-(0+1)/2 (the 1 from the first reward left the window)."""
+  """Per prompt, window 2: a:1 scored against [] -> baseline 0 (empty); a:0 against [1] -> 1;
+  b:1 against [] -> 0; a:1 against [1, 0] -> 0.5; a:1 against [0, 1] -> 0.5 (the first 1 left
+  the window). Global window 3: [] -> 0, [1] -> 1, [1, 0] -> 0.5, [1, 0, 0] -> 1/3."""
   rm = RunningMeanBaseline(2, per_key=True)
-  adv = rm(["a", "a", "b", "a", "a"], [1.0, 0.0, 1.0, 1.0, 1.0])
-  np.testing.assert_allclose(adv, [1.0, -1.0, 1.0, 0.5, 0.5])
+  base, nonempty = rm(["a", "a", "b", "a", "a"], [1.0, 0.0, 1.0, 1.0, 1.0])
+  np.testing.assert_allclose(base, [0.0, 1.0, 0.0, 0.5, 0.5])
+  assert nonempty.tolist() == [False, True, False, True, True]
   glob = RunningMeanBaseline(3, per_key=False)
-  np.testing.assert_allclose(glob(["a", "b", "c", "d"], [1.0, 0.0, 0.0, 1.0]),
-                             [1.0, -1.0, -0.5, 1 - 1 / 3])
+  base, nonempty = glob(["a", "b", "c", "d"], [1.0, 0.0, 0.0, 1.0])
+  np.testing.assert_allclose(base, [0.0, 1.0, 0.5, 1 / 3])
+  assert nonempty.tolist() == [False, True, True, True]
   with pytest.raises(ValueError, match="baseline_window"):
     RunningMeanBaseline(0)

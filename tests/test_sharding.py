@@ -155,6 +155,51 @@ def test_gradient_accumulation_in_the_learner_matches_one_pass():
   assert H.max_abs_diff(pp, H.make_models()[1]) == 0.0
 
 
+def test_policy_minibatches_move_the_ratio_and_the_clip_acts():
+  """PPO-family baselines (issue 16 item 4): with M = 4 mini-batch updates per batch the old
+  policy is the one at the batch's start, so from the second mini-batch on the ratio leaves 1
+  and the clip zeroes tokens; with M = 1 the ratio is exactly 1 and nothing is clipped. The
+  policy takes M optimizer steps; the critic still K."""
+  pg, pp, cg, cp = H.make_models()
+  trajs = H.make_trajectories(pg, pp, rows=16)
+  out = {}
+  for m in (1, 4):
+    lr = Learner(H.learner_config("vapo", policy_minibatches=m, policy_lr=3e-2), pg, pp, cg, cp,
+                 pad_id=0, vocab_size=64)
+    batch, micro = lr.batch(trajs)
+    out[m] = (lr.step(batch, 0, micro), lr)
+  one, four = out[1][0], out[4][0]
+  assert one["ratio_min"] == one["ratio_max"] == 1.0 and one["masked_fraction"] == 0.0
+  assert four["ratio_max"] > 1.28 or four["ratio_min"] < 0.8  # outside the clip band
+  assert four["masked_fraction"] > 0.01  # clipped fraction (mean over the 4 mini-batches)
+  assert int(out[4][1].policy.step) == 4 and int(out[1][1].policy.step) == 1
+  assert int(out[4][1].critic.step) == int(out[1][1].critic.step) == 2
+  with pytest.raises(ValueError, match="policy_minibatches"):
+    lr = Learner(H.learner_config("vapo", policy_minibatches=3), pg, pp, cg, cp, pad_id=0,
+                 vocab_size=64)
+    lr.step(*lr.batch(trajs))
+
+
+def test_running_mean_advantages_are_reward_minus_the_window_mean():
+  """The learner's running-mean estimator end to end: the first batch meets empty windows
+  (advantage = reward, fraction non-empty 0); the same prompts again with the rewards flipped
+  meet windows holding the first rewards, so A = r' - r (+-1) on every row, all non-empty."""
+  pg, pp, _, _ = H.make_models()
+  first = H.make_trajectories(pg, pp, rows=16)            # reward (i % 2), prompt p<i>
+  second = H.make_trajectories(pg, pp, rows=16, seed=1)   # reward ((i + 1) % 2), same prompts
+  lr = Learner(H.learner_config("sao", advantage_estimator="running_mean_prompt"), pg, pp,
+               pad_id=0, vocab_size=64)
+  n = np.array([t.num_action_tokens for t in first], float)
+  r1 = np.array([t.reward for t in first]); r2 = np.array([t.reward for t in second])
+  m1 = lr.train_step(first, 0)
+  assert m1["baseline_nonempty_fraction"] == 0.0
+  np.testing.assert_allclose(m1["advantage_mean"], (n * r1).sum() / n.sum(), rtol=1e-6)
+  m2 = lr.train_step(second, 1)
+  assert m2["baseline_nonempty_fraction"] == 1.0
+  np.testing.assert_allclose(m2["advantage_mean"], (n * (r2 - r1)).sum() / n.sum(), rtol=1e-6,
+                             atol=1e-7)
+
+
 # ---- subprocesses: 8 devices -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Stateful running-mean reward baselines (critic-free advantage estimators).
 
-The pure kernel is `sao_jax.algo.running_mean_baseline_advantage`; this module only keeps the
-windows of recent rewards.
+This module keeps the windows of recent rewards (host state); the advantage ``reward - baseline``
+is the kernel ``sao_jax.algo.baseline_advantages``.
 """
 
 from __future__ import annotations
@@ -11,14 +11,16 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from sao_jax import algo
 
 
 class RunningMeanBaseline:
-  """Advantage = reward - mean of the last ``window`` rewards (per key, or one global window).
+  """Baseline = mean of the last ``window`` rewards (per key, or one global window); the
+  advantage is ``reward - baseline`` (``algo.baseline_advantages``, in the learner's step).
 
   Each reward is scored against the window *before* it is added (a reward never baselines
-  itself); trajectories of one batch are processed in order. An empty window has baseline 0.
+  itself); trajectories of one batch are processed in order. An empty window has baseline 0
+  (the advantage is then the reward itself), so the ablation is only an ablation when prompts
+  recur: ``__call__`` reports which rows had a non-empty window.
 
   Source: SAO paper, running-mean baseline ablation (last 8 rewards of the same prompt) and the
   online experiment's baseline (global mean over the last 128 rewards).
@@ -37,14 +39,17 @@ class RunningMeanBaseline:
     self.window, self.per_key = int(window), per_key
     self._windows: dict = collections.defaultdict(lambda: collections.deque(maxlen=self.window))
 
-  def __call__(self, keys: Sequence[Hashable], rewards: Sequence[float]) -> np.ndarray:
-    """float32 [B] advantages for ``rewards`` [B]; then adds the rewards to the windows."""
+  def __call__(self, keys: Sequence[Hashable],
+               rewards: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """(baselines float32 [B], non-empty bool [B]) for ``rewards`` [B] against the windows as
+    they were, then adds the rewards to the windows. Raises ValueError on a length mismatch."""
     if len(keys) != len(rewards):
       raise ValueError(f"got {len(keys)} keys for {len(rewards)} rewards.")
-    out = np.zeros((len(rewards),), np.float32)
+    baselines = np.zeros((len(rewards),), np.float32)
+    nonempty = np.zeros((len(rewards),), bool)
     for i, (k, r) in enumerate(zip(keys, rewards)):
       win = self._windows[k if self.per_key else None]
-      out[i] = float(algo.running_mean_baseline_advantage(
-          np.float32(r), np.asarray(list(win), np.float32)))
+      if win:
+        baselines[i], nonempty[i] = float(np.mean(win)), True
       win.append(float(r))
-    return out
+    return baselines, nonempty

@@ -7,7 +7,8 @@ Per policy step (SAO §3, Algorithm 1), on a ``Batch``:
      (GRPO, running mean) give per-row advantages instead;
   2. K critic updates (attention frozen) on those fixed returns;
   3. one policy update with the objective (``algo.OBJECTIVES``; DIS by default) against the
-     engine's rollout log-probs;
+     engine's rollout log-probs -- or ``train.policy_minibatches`` M updates, one per
+     mini-batch, against the policy at the start of the batch (the PPO baselines' setting);
   4. batch metrics (staleness, advantages, explained variance), once, inside jit;
   5. the caller publishes the new weights (``policy_version`` + 1).
 
@@ -59,6 +60,7 @@ class LearnerConfig:
   baseline_window: int
   global_baseline_window: int
   critic_updates_per_step: int
+  policy_minibatches: int
   policy_lr: float
   critic_lr: float
   critic_lr_warmup_steps: int
@@ -95,7 +97,8 @@ class LearnerConfig:
         lam_critic=t["lam_critic"], bootstrap_truncated=t["bootstrap_truncated"],
         grpo_eps=1e-6, baseline_window=t["baseline_window"],
         global_baseline_window=t["global_baseline_window"],
-        critic_updates_per_step=t["critic_updates_per_step"], policy_lr=t["policy_lr"],
+        critic_updates_per_step=t["critic_updates_per_step"],
+        policy_minibatches=int(t["policy_minibatches"]), policy_lr=t["policy_lr"],
         critic_lr=t["critic_lr"], critic_lr_warmup_steps=t["critic_lr_warmup_steps"],
         max_grad_norm=t["max_grad_norm"], adam_eps=t["adam_eps"],
         critic_frozen_patterns=(tuple(t["critic_frozen_patterns"])
@@ -153,7 +156,7 @@ class Learner:
     self.mesh = mesh if mesh is not None else one_device_mesh()
     self.uses_critic = self.spec.uses_critic
     est = algo.get_estimator(self.spec.estimator)
-    self._baseline = None
+    self._baseline, self.baseline_nonempty_fraction = None, 0.0
     if est.baseline_window:
       self._baseline = RunningMeanBaseline(
           cfg.baseline_window if est.baseline_window == "prompt" else cfg.global_baseline_window,
@@ -225,7 +228,8 @@ class Learner:
     policy = jax.jit(
         functools.partial(steps.policy_update, pg, self.policy_tx, objective=self.spec.objective,
                           objective_kwargs=kwargs, temperature=cfg.temperature,
-                          microbatches=microbatches, constrain=self._constrain),
+                          microbatches=microbatches, minibatches=cfg.policy_minibatches,
+                          constrain=self._constrain),
         in_shardings=(self.policy_sh.state, rows, rows,
                       self.policy_sh.params if self._ref is not None else None),
         out_shardings=(self.policy_sh.state, rep), donate_argnums=0)
@@ -259,15 +263,18 @@ class Learner:
     """This process's trajectories -> (global ``Batch`` on the mesh, micro-batches).
 
     Rows are padded with empty rows to the planned row count; the running-mean baseline (if
-    the estimator keeps one) is scored here, before the rewards join its window. Raises
+    the estimator keeps one) is scored here, before the rewards join its window, and
+    ``baseline_nonempty_fraction`` is the share of these trajectories whose window held at
+    least one earlier reward (``train_step`` reports it). Raises
     ``BatchError`` naming the trajectory and field of a malformed trajectory."""
     length = self.batch_length_for(local_trajectories)
     rows, micro = self.plan(len(local_trajectories), length)
     n_local = len(process_rows(self.batch_sharding, rows))
     baseline = None
     if self._baseline is not None:
-      baseline = self._baseline([t.problem_id for t in local_trajectories],
-                                [t.reward for t in local_trajectories])
+      baseline, nonempty = self._baseline([t.problem_id for t in local_trajectories],
+                                          [t.reward for t in local_trajectories])
+      self.baseline_nonempty_fraction = float(np.mean(nonempty)) if len(nonempty) else 0.0
     host = build_batch(local_trajectories, self.pad_id, length=length,
                        rows=n_local, vocab_size=self.vocab_size, baseline=baseline)
     return self.global_batch(host, rows), micro
@@ -308,9 +315,13 @@ class Learner:
     return _to_host(out, True)
 
   def train_step(self, local_trajectories: Sequence[Trajectory], policy_version: int) -> dict:
-    """``batch`` + ``step`` in one call."""
+    """``batch`` + ``step`` in one call (plus ``baseline_nonempty_fraction`` with a
+    running-mean estimator)."""
     batch, micro = self.batch(local_trajectories)
-    return self.step(batch, policy_version, micro)
+    out = self.step(batch, policy_version, micro)
+    if self._baseline is not None:
+      out["baseline_nonempty_fraction"] = self.baseline_nonempty_fraction
+    return out
 
   # ---- weights and checkpoints ---------------------------------------------------------------
   def policy_params(self):

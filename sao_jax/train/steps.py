@@ -71,9 +71,9 @@ def split_microbatches(batch, microbatches: int):
   def split(x):
     b = x.shape[0]
     if b % microbatches:
-      raise ValueError(f"batch of {b} rows does not split into microbatches={microbatches} "
-                       "(planned from mesh.tokens_per_device); build the batch with "
-                       "rows= a multiple of it (sao_jax.train.batch.build_batch).")
+      raise ValueError(f"batch of {b} rows does not split into {microbatches} parts "
+                       "(train.policy_minibatches x the micro-batches planned from "
+                       "mesh.tokens_per_device); make train.batch_size a multiple of them.")
     x = x.reshape((b // microbatches, microbatches) + x.shape[1:])
     return jnp.swapaxes(x, 0, 1)
   return jax.tree.map(split, batch)
@@ -216,13 +216,24 @@ def critic_update(graphdef, tx, state: TrainState, batch: Batch, targets: dict, 
 
 def policy_update(graphdef, tx, state: TrainState, batch: Batch, advantages: jax.Array,
                   ref_params=None, *, objective: str, objective_kwargs: dict,
-                  temperature: float, microbatches: int = 1, constrain=_no_constraint):
-  """One policy update with ``algo.OBJECTIVES[objective]`` (default DIS, SAO Eq. 1-3) against
-  the engine's rollout log-probs. ``objective_kwargs``: the objective's knobs (eps band,
+                  temperature: float, microbatches: int = 1, minibatches: int = 1,
+                  constrain=_no_constraint):
+  """Policy updates on one batch with ``algo.OBJECTIVES[objective]`` (default DIS, SAO Eq. 1-3)
+  against the engine's rollout log-probs. ``objective_kwargs``: the objective's knobs (eps band,
   dual_clip, tis_cap, icepop_*, aggregation, entropy_coef, kl_coef, ...); with ``ref_params``
   the reference policy's log-probs enter the KL term. The policy's log-probs use the
-  temperature the engine sampled with, so on-policy ratios are 1. The old policy of the PPO
-  family is ``stop_gradient(logprobs)`` (one update per batch). Returns (state, metrics)."""
+  temperature the engine sampled with, so on-policy ratios are 1.
+
+  ``minibatches`` M: the batch's rows are split into M interleaved mini-batches and the policy
+  takes M optimizer steps, one per mini-batch, in order (PPO, Schulman et al. 2017, Alg. 1 with
+  one epoch; the paper's GRPO baseline). The old policy of the PPO family is then the policy at
+  the start of the batch (its log-probs computed once, before the first update), so from the
+  second mini-batch on the ratio to it moves and the clip acts. With M = 1 the old policy is
+  ``stop_gradient(logprobs)`` (the same thing for one update, without the extra forward pass).
+  ``microbatches`` accumulates gradients inside each (mini-)batch. Returns (state, metrics):
+  the mean over mini-batches (maxima for "max" keys, minima for "min" keys), plus
+  ``policy_loss`` and ``policy_grad_norm``. Raises ValueError when B is not a multiple of M
+  (x microbatches)."""
   fn = algo.get_objective(objective)
 
   def logprobs_of(params, tokens):
@@ -236,14 +247,22 @@ def policy_update(graphdef, tx, state: TrainState, batch: Batch, advantages: jax
     if ref_params is not None:
       ref = jax.lax.stop_gradient(logprobs_of(ref_params, b.tokens)[0])
     return fn(logp, b.rollout_logprobs, mb["advantages"], b.action_mask, entropy=entropy,
-              ref_logprobs=ref, **objective_kwargs)
+              ref_logprobs=ref, old_logprobs=mb.get("old_logprobs"), **objective_kwargs)
+
+  def update(st, data):
+    (loss, metrics), grads = _value_and_grad(loss_fn, st.params, data, microbatches)
+    updates, opt_state = tx.update(grads, st.opt_state, st.params)
+    params = optax.apply_updates(st.params, updates)
+    metrics = dict(metrics, policy_loss=loss, policy_grad_norm=_global_norm(grads))
+    return TrainState(params, opt_state, st.step + 1), metrics
 
   data = {"batch": batch, "advantages": advantages}
-  (loss, metrics), grads = _value_and_grad(loss_fn, state.params, data, microbatches)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
-  metrics = dict(metrics, policy_loss=loss, policy_grad_norm=_global_norm(grads))
-  return TrainState(params, opt_state, state.step + 1), metrics
+  if minibatches == 1:
+    return update(state, data)
+  data["old_logprobs"] = jax.lax.stop_gradient(logprobs_of(state.params, batch.tokens)[0])
+  state, per_mini = jax.lax.scan(update, state, split_microbatches(data, minibatches))
+  reduce = lambda k, v: v.max(0) if "max" in k else v.min(0) if "min" in k else v.mean(0)
+  return state, {k: reduce(k, v) for k, v in per_mini.items()}
 
 
 def batch_metrics(batch: Batch, targets: dict, policy_version: jax.Array) -> dict:
