@@ -66,6 +66,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                                   # N > 0: a slow tool call stalls only its own slot while the
                                   # others decode; 0 = inline env.step (blocks every slot)
   c.rollout.lockstep = False      # True: deterministic synchronous rollout (bit-exact resume)
+  c.rollout.lockstep_delay = 0    # lockstep: sample step n's batch with the weights of n-1-d, so
+                                  # every token's staleness is exactly d (matched across arms)
   c.rollout.backend = "thread"    # TrajectorySource: "thread" (in this process) or "ray" (actors)
   c.rollout.num_workers = 1       # rollout workers (engines); > 1 needs backend "ray"
   c.rollout.ray_address = ""      # backend "ray": cluster address ("" = start a local Ray)

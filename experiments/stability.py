@@ -36,17 +36,20 @@ QUICK_ARMS = ("grpo",)  # quick: one run (~1 min), the mode most unlike the defa
 # arm): 3.3x the policy learning rate and a 4x deeper trajectory queue (staleness up to ~8 steps
 # instead of ~3). ``--setting stress`` writes its own CSV, plot and RESULTS.md section.
 STRESS = {"train.policy_lr": 1e-3, "rollout.queue_size": 256}
+COLLAPSE_EVALS = 2  # a collapse: this many evals in a row below half the best so far
 
 
-def collapse_step(steps: np.ndarray, acc: np.ndarray):
-  """First step after the best eval accuracy where accuracy < best / 2 (best >= 0.1); else None."""
-  if len(acc) == 0:
-    return None
-  b = int(np.argmax(acc))
-  if acc[b] < 0.1:
-    return None
-  after = np.nonzero(acc[b + 1:] < acc[b] / 2)[0]
-  return int(steps[b + 1 + after[0]]) if len(after) else None
+def collapse_step(steps: np.ndarray, acc: np.ndarray, consecutive: int = COLLAPSE_EVALS):
+  """The step of the ``consecutive``-th eval in a row whose accuracy is below half the best
+  accuracy seen up to it (that best >= 0.1); None if that never happens. One dip is noise,
+  two evals in a row are a collapse (issue 16 item 7; fixed before the runs)."""
+  best, run = -np.inf, 0
+  for s, a in zip(steps, acc):
+    best = max(best, a)
+    run = run + 1 if best >= 0.1 and a < best / 2 else 0
+    if run >= consecutive:
+      return int(s)
+  return None
 
 
 def run(quick: bool, out_dir=None, setting: str = "default",

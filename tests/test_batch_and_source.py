@@ -5,17 +5,19 @@ ledger, GRPO groups by position, the drop policy's generated / trained / dropped
 import os
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
 from sao_jax.data.jsonl import Problem
-from sao_jax.models.transformer import Transformer
+from sao_jax.models.transformer import Transformer, default_positions
 from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.ledger import PromptLedger
 from sao_jax.rollout.source import ThreadSource
 from sao_jax.rollout.trajectory import Trajectory
 from sao_jax.train.batch import BatchError, build_batch
+from sao_jax.train.steps import token_logprobs
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from rollout_fixtures import CFG, Step, Tok  # noqa: E402  pylint: disable=wrong-import-position
@@ -136,3 +138,33 @@ def test_drop_policy_reports_generated_trained_and_dropped_lengths():
     assert 1.0 <= m[key] <= 6.0, (key, m[key])
   n_gen = len(src.lengths.generated)
   assert n_gen == len(src.lengths.trained) + len(src.lengths.dropped) + src.collector.pending
+
+
+def test_lockstep_delay_samples_with_the_weights_of_version_minus_d_in_groups():
+  """rollout.lockstep_delay = 2 with groups of 2: the batch trained at version v is sampled with
+  the weights published at max(0, v - 2) -- the version recorded per token, and the recorded
+  log-probs equal to that model's (each version is a different random model) -- and every
+  group is two rollouts of one prompt."""
+  problems = [Problem(f"p{i}", "x", "1") for i in range(40)]
+  models = [nnx.to_pure_dict(nnx.split(Transformer(CFG, rngs=nnx.Rngs(v)))[1]) for v in range(6)]
+  ledger, src, _ = _source(problems, group_size=2, lockstep=True, lockstep_delay=2)
+  src._history = type(src._history)({0: models[0]})  # version 0 = models[0]
+  try:
+    for version in range(5):
+      trajs = src.take(4, version)
+      sampled_with = max(0, version - 2)
+      assert {int(v) for t in trajs for v in t.policy_version if v >= 0} == {sampled_with}
+      t = trajs[0]  # its log-probs are those of the weights of version ``sampled_with``
+      model = nnx.merge(nnx.split(Transformer(CFG, rngs=nnx.Rngs(0)))[0], models[sampled_with])
+      tokens = jnp.asarray(t.tokens)[None]
+      logp = np.asarray(token_logprobs(model(tokens, default_positions(tokens))[0], tokens))[0]
+      on = np.asarray(t.action_mask) > 0
+      np.testing.assert_allclose(np.asarray(t.logprobs)[on], logp[on], atol=1e-4)
+      positions = [t.prompt_position for t in trajs]
+      assert all(positions.count(p) == 2 for p in positions)
+      src.publish(models[version + 1], version + 1)
+    assert sorted(src._history) == [3, 4, 5]  # d + 1 versions kept
+  finally:
+    src.close()
+  with pytest.raises(ValueError, match="lockstep_delay"):
+    _source(problems, lockstep_delay=1)

@@ -94,9 +94,14 @@ def test_online_lag_and_switch_steps_hand_worked():
 
 
 def test_stability_collapse_rule():
-  assert stability.collapse_step(np.array([10, 20, 30]), np.array([0.2, 0.8, 0.3])) == 30
-  assert stability.collapse_step(np.array([10, 20, 30]), np.array([0.2, 0.8, 0.5])) is None
-  assert stability.collapse_step(np.array([10, 20]), np.array([0.05, 0.0])) is None
+  steps = np.array([10, 20, 30, 40, 50])
+  # one dip below half the best (0.8 -> 0.3) then back: not a collapse
+  assert stability.collapse_step(steps, np.array([0.2, 0.8, 0.3, 0.7, 0.6])) is None
+  # two evals in a row below 0.4: a collapse at the second one
+  assert stability.collapse_step(steps, np.array([0.2, 0.8, 0.3, 0.35, 0.9])) == 40
+  # low evals before the best is reached are not a collapse (best so far is the reference)
+  assert stability.collapse_step(steps, np.array([0.0, 0.05, 0.3, 0.6, 0.8])) is None
+  assert stability.collapse_step(steps[:2], np.array([0.05, 0.0])) is None  # best < 0.1
 
 
 def test_throughput_quick(tmp_path):

@@ -208,8 +208,8 @@ CROSS_FIELD = [
      "needs train.loss_norm_constant > 0"),
     ({"rollout.staleness_policy": "drop", "rollout.max_staleness": -1},
      "rollout.staleness_policy", "needs rollout.max_staleness >= 0"),
-    ({"rollout.lockstep": True, "train.mode": "grpo_sync"}, "rollout.lockstep",
-     "lockstep rollout makes one rollout per prompt"),
+    ({"rollout.lockstep_delay": 4}, "rollout.lockstep_delay",
+     "a fixed rollout delay needs the lockstep rollout"),
     ({"train.dual_clip": 3.0}, "train.dual_clip", "resolves to 'dis' here"),
     ({"train.critic_warmup_steps": 5, "train.advantage_estimator": "running_mean_prompt"},
      "train.critic_warmup_steps", "need a critic"),
@@ -249,6 +249,8 @@ def test_cross_field_rules_accept_the_consistent_settings():
   validate_config(c, num_devices=1)
   c = _config()
   c.rollout.lockstep, c.train.group_size = True, 8  # sao ignores group_size: 1 rollout/prompt
+  validate_config(c, num_devices=1)
+  c.train.mode, c.rollout.lockstep_delay = "grpo_async", 4  # lockstep groups, fixed delay
   validate_config(c, num_devices=1)
 
 

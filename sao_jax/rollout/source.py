@@ -143,10 +143,15 @@ class ThreadSource:
     queue_size: bound of the trajectory queue (back-pressure on the worker).
     staleness_policy / max_staleness: ``rollout.staleness`` policy and eta.
     kv_on_update, env_workers, seed: as ``RolloutWorker``.
-    lockstep: deterministic synchronous rollout per step (no thread); needs group_size 1.
+    lockstep: deterministic synchronous rollout per step (no thread; groups of
+      ``group_size`` rollouts of one prompt are sampled side by side).
+    lockstep_delay: d >= 0, lockstep only: the batch trained at version v is sampled with the
+      weights of version max(0, v - d), so every action token's staleness is exactly min(d, v)
+      -- the same for every arm of an experiment (a fixed delay, the cleanest staleness
+      control there is; the weights of the last d versions are kept).
     run_dir: where ``ledger.jsonl`` is appended ("" = not written).
 
-  Raises ValueError for lockstep with groups or a bad staleness policy.
+  Raises ValueError for a delay without lockstep or a bad staleness policy.
   """
 
   def __init__(self, engine, env, ledger: PromptLedger, params, version: int, *, stop_ids,
@@ -154,11 +159,14 @@ class ThreadSource:
                group_size: int = 1, synchronous: bool = False, queue_size: int = 64,
                staleness_policy: str = "none", max_staleness: int = -1,
                kv_on_update: str = "keep", env_workers: int = 0, seed: int = 0,
-               lockstep: bool = False, run_dir: str = "", stop_strings=()):
+               lockstep: bool = False, lockstep_delay: int = 0, run_dir: str = "",
+               stop_strings=()):
     staleness.check_policy(staleness_policy, max_staleness)
-    if lockstep and group_size > 1:
-      raise ValueError("rollout.lockstep=True supports one rollout per prompt only; set "
-                       "train.mode to sao/vapo or rollout.lockstep=False.")
+    if lockstep_delay and not lockstep or lockstep_delay < 0:
+      raise ValueError(f"rollout.lockstep_delay={lockstep_delay} needs rollout.lockstep=True and "
+                       "must be >= 0; set rollout.lockstep=True or rollout.lockstep_delay=0.")
+    self.delay = int(lockstep_delay)
+    self._history = collections.OrderedDict({version: params})  # lockstep_delay: version->params
     self.engine, self.env, self.ledger = engine, env, ledger
     self.group_size, self.batch_size, self.run_dir = group_size, batch_size, run_dir
     self.lockstep, self.seed, self.temperature = lockstep, seed, temperature
@@ -189,12 +197,13 @@ class ThreadSource:
   def _lockstep(self, n: int, version: int) -> list[Trajectory]:
     step = version + 1
     faults.maybe_kill("rollout", step)
-    handouts = self.ledger.take(n)
+    g = self.group_size
+    handouts = [h for h in self.ledger.take(n // g) for _ in range(g)]
     seed = faults.step_seed(self.seed, step)
     self.engine.reseed(seed)
-    params, _ = self.weights.latest()
-    out = generate_trajectories(self.engine, self.env, params, handouts,
-                                temperature=self.temperature, version=version, seed=seed,
+    sampled_with = max(min(self._history), version - self.delay)
+    out = generate_trajectories(self.engine, self.env, self._history[sampled_with], handouts,
+                                temperature=self.temperature, version=sampled_with, seed=seed,
                                 **self._gen)
     self.worker.stats.trajectories += len(out)
     self.lengths.generated.extend(t.num_action_tokens for t in out)
@@ -239,6 +248,10 @@ class ThreadSource:
 
   def publish(self, params, version: int) -> None:
     self.weights.publish(params, version)
+    if self.lockstep:
+      self._history[version] = params
+      while len(self._history) > self.delay + 1:
+        self._history.popitem(last=False)
     if self.gate is not None:  # grpo_sync: the next batch starts only on the new weights
       self.gate.release(self.batch_size)
 

@@ -138,7 +138,8 @@ def make_source(config, task, policy: Policy, params, version: int, ledger: Prom
       queue_size=config.rollout.queue_size,
       staleness_policy=policy_name, max_staleness=eta,
       kv_on_update=config.rollout.kv_on_update, env_workers=env_workers,
-      seed=seed, lockstep=config.rollout.lockstep, run_dir=run_dir,
+      seed=seed, lockstep=config.rollout.lockstep,
+      lockstep_delay=config.rollout.lockstep_delay, run_dir=run_dir,
       stop_strings=task.stop_strings)
 
 
