@@ -109,6 +109,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.value_clip_eps = 0.0    # PPO-style value clipping half-width (0 = off; algo/value_loss)
   c.train.max_grad_norm = 1.0     # global-norm gradient clipping
   c.train.adam_eps = 1e-8         # Adam's denominator epsilon, policy and critic (optax default)
+  c.train.critic_b1 = 0.9         # the critic's Adam b1 (momentum; optax default 0.9)
+  c.train.value_bounds = ()       # (lo, hi): clip the critic's values to the reward range before
+                                  # GAE, e.g. (0.0, 1.0); () = off (ours, not the paper's)
+  c.train.center_advantages = False  # subtract the batch mean advantage (ours; off = the paper)
   c.train.ppo_eps_low = 0.2       # PPO-family clip band 1-ppo_eps_low .. 1+ppo_eps_high (clip-higher)
   c.train.ppo_eps_high = 0.28      # upper PPO clip (DAPO clip-higher: 0.28 > ppo_eps_low)
   c.train.dual_clip = 0.0         # PPO dual-clip constant c > 1 for A < 0 (0 = off)

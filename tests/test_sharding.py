@@ -30,7 +30,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from sao_jax.models import partition
-from sao_jax.train import distributed, sharding
+from sao_jax.train import distributed, sharding, steps
+from sao_jax.train.batch import build_batch
 from sao_jax.train.learner import Learner
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -198,6 +199,28 @@ def test_running_mean_advantages_are_reward_minus_the_window_mean():
   assert m2["baseline_nonempty_fraction"] == 1.0
   np.testing.assert_allclose(m2["advantage_mean"], (n * (r2 - r1)).sum() / n.sum(), rtol=1e-6,
                              atol=1e-7)
+
+
+def test_value_bounds_and_advantage_centring():
+  """Two remedies of the value-overshoot study: ``value_bounds=(0, 1)`` clips a critic that
+  overshoots (value head scaled so V reaches far outside [0, 1]) to the reward range before GAE;
+  ``center_advantages`` makes the token mean of the advantages 0 (it is not 0 without it)."""
+  pg, pp, cg, cp = H.make_models()
+  cp["value_head"]["kernel"] = 30.0 * cp["value_head"]["kernel"]
+  batch = build_batch(H.make_trajectories(pg, pp, rows=16), 0, length=H.LENGTH)
+  mask = np.asarray(batch.action_mask)
+  kw = dict(estimator="skip_obs_gae", gamma=1.0, lam_policy="adaptive", lam_alpha=1.5,
+            lam_critic=1.0, bootstrap_truncated=False, grpo_eps=1e-6)
+  free = steps.advantage_targets(cg, cp, batch, **kw)
+  bounded = steps.advantage_targets(cg, cp, batch, value_bounds=(0.0, 1.0), **kw)
+  centred = steps.advantage_targets(cg, cp, batch, center_advantages=True, **kw)
+  v, vb = np.asarray(free["values"])[mask], np.asarray(bounded["values"])[mask]
+  assert v.max() > 1.5 or v.min() < -0.5  # the critic overshoots the reward range
+  assert vb.min() >= 0.0 and vb.max() <= 1.0
+  np.testing.assert_allclose(vb, np.clip(v, 0.0, 1.0), atol=1e-6)
+  assert abs(np.asarray(free["advantages"])[mask].mean()) > 0.05
+  assert abs(np.asarray(centred["advantages"])[mask].mean()) < 1e-5
+  assert np.all(np.asarray(centred["advantages"])[~mask] == 0.0)
 
 
 # ---- subprocesses: 8 devices -------------------------------------------------------------------

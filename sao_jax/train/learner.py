@@ -68,6 +68,9 @@ class LearnerConfig:
   adam_eps: float
   critic_frozen_patterns: tuple
   value_clip_eps: float
+  critic_b1: float
+  value_bounds: tuple
+  center_advantages: bool
   temperature: float
   batch_length: int
   tokens_per_device: int
@@ -103,7 +106,9 @@ class LearnerConfig:
         max_grad_norm=t["max_grad_norm"], adam_eps=t["adam_eps"],
         critic_frozen_patterns=(tuple(t["critic_frozen_patterns"])
                                 if t["freeze_critic_attention"] else ()),
-        value_clip_eps=t["value_clip_eps"], temperature=config.rollout.temperature,
+        value_clip_eps=t["value_clip_eps"], critic_b1=t["critic_b1"],
+        value_bounds=tuple(float(v) for v in t["value_bounds"]),
+        center_advantages=t["center_advantages"], temperature=config.rollout.temperature,
         batch_length=config.model.max_seq_len,
         tokens_per_device=int(config.mesh.tokens_per_device))
 
@@ -170,6 +175,7 @@ class Learner:
       # the critic's lr warm-up is counted in policy steps (K optimizer updates per step)
       self.critic_tx = optim.make_optimizer(
           critic_params, lr=cfg.critic_lr, max_grad_norm=cfg.max_grad_norm, eps=cfg.adam_eps,
+          b1=cfg.critic_b1,
           warmup_steps=cfg.critic_lr_warmup_steps * cfg.critic_updates_per_step,
           frozen_patterns=cfg.critic_frozen_patterns)
       self.critic_sh = sharding.make_step_shardings(self.mesh, critic_params, self.critic_tx)
@@ -206,7 +212,8 @@ class Learner:
         functools.partial(steps.advantage_targets, cg, estimator=self.spec.estimator,
                           gamma=cfg.gamma, lam_policy=cfg.lam_policy, lam_alpha=cfg.lam_alpha,
                           lam_critic=cfg.lam_critic, bootstrap_truncated=cfg.bootstrap_truncated,
-                          grpo_eps=cfg.grpo_eps, constrain=self._constrain),
+                          grpo_eps=cfg.grpo_eps, value_bounds=cfg.value_bounds,
+                          center_advantages=cfg.center_advantages, constrain=self._constrain),
         in_shardings=(self.critic_sh.params if self.critic_sh else None, rows),
         out_shardings=rows)
     critic = None

@@ -152,7 +152,8 @@ STALENESS_BINS = 64  # staleness_hist: action tokens per staleness 0..63 (larger
 
 def advantage_targets(critic_graphdef, critic_params, batch: Batch, *, estimator: str,
                       gamma: float, lam_policy, lam_alpha: float, lam_critic: float,
-                      bootstrap_truncated: bool, grpo_eps: float, constrain=_no_constraint):
+                      bootstrap_truncated: bool, grpo_eps: float, value_bounds: tuple = (),
+                      center_advantages: bool = False, constrain=_no_constraint):
   """Values, advantages and returns for a batch (SAO §3.3; ``algo.ESTIMATORS[estimator]``).
 
   With a critic estimator: values from the current critic (``V(s_t)`` at token t, zero off
@@ -162,6 +163,11 @@ def advantage_targets(critic_graphdef, critic_params, batch: Batch, *, estimator
   ``bootstrap_truncated``: truncated rows bootstrap from the critic's value of the state after
   their last token instead of 0. Critic-free estimators (GRPO, running mean) give per-row
   advantages broadcast onto the row's action tokens; values and returns are 0.
+
+  Two remedies of the value-overshoot study (issue 16; ours, not the paper's, both off by
+  default): ``value_bounds`` (lo, hi) clips the critic's values to the reward range before GAE
+  (a value above the best reward cannot make every advantage negative); ``center_advantages``
+  subtracts the batch mean of the advantages over action tokens.
 
   Returns dict(values, advantages, returns), float32 [B, T], no gradient.
   """
@@ -174,6 +180,8 @@ def advantage_targets(critic_graphdef, critic_params, batch: Batch, *, estimator
   critic = nnx.merge(critic_graphdef, critic_params)
   raw = constrain(critic(batch.tokens, default_positions(batch.tokens)), "tokens")
   on = algo.response_span(mask) if est.values_on_span else mask
+  if value_bounds:
+    raw = jnp.clip(raw, value_bounds[0], value_bounds[1])
   values = jax.lax.stop_gradient(shift_values(raw) * on)
   bootstrap = None
   if bootstrap_truncated:
@@ -185,6 +193,8 @@ def advantage_targets(critic_graphdef, critic_params, batch: Batch, *, estimator
     lam = jnp.float32(lam_policy)
   rewards = batch.token_rewards()
   adv, _ = est.fn(rewards, values, mask, gamma, lam, bootstrap)
+  if center_advantages:
+    adv = jnp.where(mask, adv - jnp.where(mask, adv, 0.0).sum() / jnp.maximum(mask.sum(), 1), 0.0)
   _, returns = est.fn(rewards, values, mask, gamma, lam_critic, bootstrap)
   return {"values": values, "advantages": jax.lax.stop_gradient(adv),
           "returns": jax.lax.stop_gradient(returns)}

@@ -232,6 +232,10 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
        "use 0.0 (off) or e.g. 0.2"),
       ("train.max_grad_norm", pos, "must be > 0", "use 1.0"),
       ("train.adam_eps", pos, "must be > 0 (Adam's denominator epsilon)", "use 1e-8"),
+      ("train.critic_b1", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (Adam's b1)", "use 0.9"),
+      ("train.value_bounds",
+       lambda v: len(v) == 0 or (len(v) == 2 and float(v[0]) < float(v[1])),
+       "must be () (off) or (lo, hi) with lo < hi", "use () or the reward range, e.g. (0.0, 1.0)"),
       ("train.lam_policy", _lam_policy_ok, "must be 'adaptive' or a number in [0, 1] (the CLI "
        "gives a number as a string, e.g. '0.95', which is fine)", "use 'adaptive'"),
       ("train.baseline_window", lambda v: v >= 1, "must be >= 1 (rewards per prompt)", "use 8"),
