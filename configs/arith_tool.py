@@ -17,6 +17,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.task.name = "arith_tool"      # tasks.make_task: "arith_tool" or "math"
   c.task.n_train = 4000           # training problems (cycled in a fixed shuffled order)
   c.task.n_eval = 200             # held-out problems (disjoint from train), greedy eval
+  c.task.prompt_pool = 0          # RL cycles over the first N training problems (0 = all); the
+                                  # SFT demos still come from all (sft.num_demos)
   c.task.max_turns = 3            # policy turns per trajectory (tool call, answer, ...)
   c.task.tool_latency_median_s = 0.0  # median s each tool call sleeps (lognormal; 0 = off)
                                   # the long-tailed setting: seeded per trajectory
@@ -93,7 +95,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.critic_lr = 1e-3        # critic learning rate (paper: 5e-6)
   c.train.critic_lr_warmup_steps = 10  # critic linear lr warm-up (paper: 10)
   c.train.critic_updates_per_step = 2  # K critic updates per policy update (paper: 2)
-  c.train.critic_warmup_steps = 0 # critic-only steps on rollouts before RL (pre-trained critic)
+  c.train.critic_warmup_steps = 10  # value pre-training: critic-only steps (K updates each) on
+                                  # rollouts of the starting policy before RL, as the paper
+                                  # pre-trains its value model; skipped without a critic
   c.train.policy_minibatches = 1  # M policy updates per batch, one per mini-batch, PPO's pi_old =
                                   # the policy at the batch's start (1 = SAO's one update)
   c.train.freeze_critic_attention = True  # critic trains only MLP, norms, embeddings, value head

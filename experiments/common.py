@@ -53,15 +53,12 @@ def apply_overrides(config, overrides: dict):
   return config
 
 
-def base_arith_config(quick: bool):
-  """The CPU arithmetic task config used by the training experiments. ``quick``: the tiny
-  ``:smoke`` setting (a few steps; checks the pipeline, not the claim)."""
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  spec = importlib.util.spec_from_file_location("arith_tool_config",
-                                                os.path.join(ROOT, "configs", "arith_tool.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  c = mod.get_config("smoke" if quick else "")
+def base_config(quick: bool, task: str = "chain_tool"):
+  """``configs/<task>.py`` for the training experiments (``quick``: its ``:smoke`` variant, a few
+  steps that check the pipeline, not the claim), with checkpoints, resume, TensorBoard and the
+  progress bar off."""
+  from sao_jax import configs  # pylint: disable=import-outside-toplevel
+  c = configs.load(task, "smoke" if quick else "")
   c.checkpoint.every_steps = 0
   c.checkpoint.resume = False
   c.log.tensorboard = False
@@ -100,7 +97,7 @@ def read_rows(csv_path: str) -> list[dict]:
 
 def run_training_arms(experiment: str, arms: Sequence[Arm], seeds: Sequence[int], *, quick: bool,
                       out_dir: str, metrics: Sequence[str], base: Optional[dict] = None,
-                      config_fn: Callable[[bool], Any] = base_arith_config,
+                      config_fn: Callable[[bool], Any] = base_config,
                       report_only: bool = False) -> str:
   """Runs every arm with every seed through ``sao_jax.train.loop.run`` (in-process, one after the
   other) and appends each run's per-step ``metrics`` (plus ``elapsed_s``, ``rl_elapsed_s`` = seconds
@@ -117,8 +114,8 @@ def run_training_arms(experiment: str, arms: Sequence[Arm], seeds: Sequence[int]
     return csv_path
   if os.path.exists(csv_path):
     os.remove(csv_path)
-  for arm in arms:
-    for seed in seeds:
+  for seed in seeds:  # seed-major: a run cut short leaves every arm with the same seeds
+    for arm in arms:
       c = config_fn(quick)
       apply_overrides(c, dict(base or {}))
       apply_overrides(c, arm.overrides)
@@ -276,6 +273,25 @@ def per_run_final(rows: list[dict], metric: str) -> dict:
       if k not in out or r["step"] >= out[k][0]:
         out[k] = (r["step"], r["value"])
   return {k: v[1] for k, v in out.items()}
+
+
+def mean_over_steps(rows: list[dict], metric: str, first_step: int = 1) -> dict:
+  """``{(arm, seed): mean of metric over steps >= first_step}`` (NaN-free rows only)."""
+  acc: dict = {}
+  for r in rows:
+    if r["metric"] == metric and r["step"] >= first_step:
+      acc.setdefault((r["arm"], r["seed"]), []).append(r["value"])
+  return {k: float(np.mean(v)) for k, v in acc.items()}
+
+
+def staleness_flag(mean_staleness: dict, arms: Sequence[str], tolerance: float) -> tuple:
+  """(per-arm mean staleness over seeds, flagged): flagged when the arms' means differ by more
+  than ``tolerance`` (relative to the largest), i.e. the cell cannot be judged (issue 16)."""
+  per_arm = {a: float(np.mean([v for (arm, _), v in mean_staleness.items() if arm == a]))
+             for a in arms if any(arm == a for arm, _ in mean_staleness)}
+  vals = list(per_arm.values())
+  flagged = bool(vals) and max(vals) > 0 and (max(vals) - min(vals)) / max(vals) > tolerance
+  return per_arm, flagged
 
 
 def not_run_section(md_path: str, key: str, title: str, command: str, setting: str,

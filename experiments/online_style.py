@@ -42,7 +42,7 @@ BASE_QUICK = {"task.name": "style_switch", "sft.p_tool": 0.9, "train.num_steps":
 
 def online_config(quick: bool):
   """``configs/arith_tool.py`` (``:smoke`` when quick) plus the ``task.switch_every`` field."""
-  c = common.base_arith_config(quick)
+  c = common.base_config(quick, "arith_tool")
   c.task.switch_every = SWITCH_QUICK if quick else SWITCH_FULL
   return c
 

@@ -1,14 +1,23 @@
-"""Claim 1 (stability): SAO vs GRPO baselines under the same asynchrony, same task and compute.
+"""Claim 1 (stability): SAO vs GRPO at matched staleness on the chained tool-use task.
 
-Arms (fixed): ``sao`` (defaults: DIS + critic K=2, frozen attention, skip-observation GAE);
-``grpo`` (asynchronous GRPO, group 8, PPO clip-higher 0.2/0.28, recomputed old policy);
-``grpo_dis`` (the same with the DIS objective); ``vapo`` (critic, PPO clip-higher, no DIS). All
-run with the asynchronous rollout worker (same staleness regime: whatever lag the queue makes).
+Cells: the fixed rollout delays d in ``training_claims.DELAYS`` (1, 4, 8): every arm trains on
+batches sampled with the weights of d policy versions ago (``rollout.lockstep_delay``), so every
+arm's staleness is the same by construction; the table reports each arm's measured mean staleness
+and flags a cell whose arms differ by more than 20% (not judged).
 
-Collapse (defined before running): after its best periodic eval accuracy, a run's eval accuracy
-falls below half of that best (and the best is >= 0.1). Reported per run with the step.
+Arms (fixed before the runs): ``sao`` (the defaults of ``configs/chain_tool.py``: DIS, critic
+K = 2 with frozen attention and value pre-training, skip-observation GAE); ``grpo`` (GRPO as the
+paper runs it: 4 prompts x 8 rollouts per step -- the same 32 trajectories per step --, PPO clip
+with clip-higher 0.2 / 0.28 against the policy at the start of the batch, M = 4 mini-batch
+updates per batch so the ratio moves and the clip acts).
 
-``python experiments/stability.py`` (full) / ``--quick``; ``--setting stress`` for the harsher regime.
+Collapse (fixed before the runs): 2 evals in a row below half the best eval so far (best >= 0.1).
+Verdict per cell: ``SAO ahead`` / ``GRPO ahead`` when the mean final accuracies differ by more
+than 2 seed std (at least 0.02), else ``tie``. Claim: reproduced = no SAO run collapses, GRPO is
+ahead in no cell, and SAO is ahead in a cell or a GRPO run collapses; not reproduced = an SAO run
+collapses or GRPO is ahead in a cell; otherwise inconclusive.
+
+``python experiments/stability.py`` (full: 2 arms x 3 delays x 3 seeds) / ``--quick``.
 """
 
 from __future__ import annotations
@@ -23,19 +32,11 @@ import common  # noqa: E402  pylint: disable=wrong-import-position
 import training_claims as tc  # noqa: E402  pylint: disable=wrong-import-position
 
 EXPERIMENT = "stability"
-TITLE = "1. Stability: SAO vs GRPO under asynchrony"
-ARMS = (
-    common.Arm("sao", {}),
-    common.Arm("grpo", {"train.mode": "grpo_async", "train.group_size": 8}),
-    common.Arm("grpo_dis", {"train.mode": "grpo_async", "train.group_size": 8,
-                            "train.objective": "dis"}),
-    common.Arm("vapo", {"train.mode": "vapo"}),
-)
-QUICK_ARMS = ("grpo",)  # quick: one run (~1 min), the mode most unlike the default
-# A harsher regime, fixed before it was run (after the default setting saturated at ~95% for every
-# arm): 3.3x the policy learning rate and a 4x deeper trajectory queue (staleness up to ~8 steps
-# instead of ~3). ``--setting stress`` writes its own CSV, plot and RESULTS.md section.
-STRESS = {"train.policy_lr": 1e-3, "rollout.queue_size": 256}
+TITLE = "1. Stability: SAO vs GRPO at matched staleness (fixed rollout delay)"
+GRPO = {"train.mode": "grpo_async", "train.group_size": 8, "train.policy_minibatches": 4}
+ARMS = (common.Arm("sao", {}), common.Arm("grpo", GRPO))
+QUICK_ARMS = ("sao", "grpo")
+QUICK_DELAYS = (2,)
 COLLAPSE_EVALS = 2  # a collapse: this many evals in a row below half the best so far
 
 
@@ -52,76 +53,111 @@ def collapse_step(steps: np.ndarray, acc: np.ndarray, consecutive: int = COLLAPS
   return None
 
 
-def run(quick: bool, out_dir=None, setting: str = "default",
-        report_only: bool = False) -> str:
-  stress = setting == "stress"
-  experiment = EXPERIMENT + ("_stress" if stress else "")
-  out_dir, md = common.out_paths(experiment, quick, out_dir)
-  arms = [a for a in ARMS if a.name in QUICK_ARMS] if quick else list(ARMS)
-  seeds = tc.SEEDS_QUICK if quick else tc.SEEDS_FULL
-  base = dict(tc.QUICK if quick else tc.FULL, **(STRESS if stress else {}))
-  csv_path = common.run_training_arms(experiment, arms, seeds, quick=quick, out_dir=out_dir,
-                                      metrics=tc.TRAIN_METRICS, base=base,
-                                      report_only=report_only)
-  rows = common.read_rows(csv_path)
-  png = common.plot(csv_path, os.path.join(out_dir, f"{experiment}.png"),
-                    [("eval_accuracy", None, "eval accuracy"),
-                     ("eval_accuracy", "rl_elapsed_s", "eval accuracy"),
-                     ("reward_mean", None, "train reward")],
-                    title="SAO vs GRPO/VAPO, asynchronous; mean and min-max over seeds")
+def run_table(rows, arms, seeds):
+  """Per run: [arm, seed, acc before, best eval, final acc, collapse step, mean staleness,
+  EV (mean of the last 5 steps), DIS/clip masked fraction (mean)]."""
   acc = common.curves(rows, "eval_accuracy")
   final = common.per_run_final(rows, "final_accuracy")
   init = common.per_run_final(rows, "initial_accuracy")
+  stale = common.mean_over_steps(rows, "staleness_mean")
+  masked = common.mean_over_steps(rows, "masked_fraction")
+  ev = common.curves(rows, "explained_variance")
   table = []
   for arm in arms:
     for seed in seeds:
-      x, y = acc.get(arm.name, {}).get(seed, (np.zeros(0), np.zeros(0)))
+      x, y = acc.get(arm, {}).get(seed, (np.zeros(0), np.zeros(0)))
       c = collapse_step(x, y)
-      table.append([arm.name, seed, init.get((arm.name, seed), float("nan")),
+      e = ev.get(arm, {}).get(seed)
+      table.append([arm, seed, init.get((arm, seed), float("nan")),
                     float(y.max()) if len(y) else float("nan"),
-                    final.get((arm.name, seed), float("nan")), "-" if c is None else c])
-  mean_final = {a.name: np.mean([final[(a.name, s)] for s in seeds]) for a in arms}
-  n_coll = {a.name: sum(r[5] != "-" for r in table if r[0] == a.name) for a in arms}
-  sao_best = ("sao" in mean_final and mean_final["sao"] >= max(mean_final.values()) - 0.02
-              and n_coll["sao"] == 0)
-  others_coll = any(n_coll[a] for a in n_coll if a != "sao")
-  verdict = ("reproduced" if sao_best and others_coll else
-             "inconclusive" if sao_best else "not reproduced")
+                    final.get((arm, seed), float("nan")), "-" if c is None else c,
+                    stale.get((arm, seed), float("nan")),
+                    float(np.mean(e[1][-5:])) if e is not None else "-",
+                    masked.get((arm, seed), float("nan"))])
+  return table
+
+
+def cell_verdict(table, a="sao", b="grpo") -> tuple[str, float, float]:
+  """("SAO ahead" | "GRPO ahead" | "tie", mean final of a, of b) by the module's rule."""
+  fa = [r[4] for r in table if r[0] == a]
+  fb = [r[4] for r in table if r[0] == b]
+  if not fa or not fb:
+    return "-", float(np.mean(fa)) if fa else float("nan"), float(np.mean(fb)) if fb else float(
+        "nan")
+  margin = 2 * max(np.std(fa), np.std(fb), 0.01)
+  diff = np.mean(fa) - np.mean(fb)
+  v = "SAO ahead" if diff > margin else "GRPO ahead" if diff < -margin else "tie"
+  return v, float(np.mean(fa)), float(np.mean(fb))
+
+
+def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
+  out_dir, md = common.out_paths(EXPERIMENT, quick, out_dir)
+  arms = [a for a in ARMS if a.name in QUICK_ARMS] if quick else list(ARMS)
+  seeds = tc.SEEDS_QUICK if quick else tc.SEEDS_FULL
+  delays = QUICK_DELAYS if quick else tc.DELAYS
+  sections, cells, csvs = [], [], []
+  for d in delays:
+    experiment = f"{EXPERIMENT}_d{d}"
+    base = dict(tc.QUICK if quick else tc.FULL, **tc.fixed_delay(d))
+    csv_path = common.run_training_arms(experiment, arms, seeds, quick=quick, out_dir=out_dir,
+                                        metrics=tc.TRAIN_METRICS, base=base,
+                                        report_only=report_only)
+    csvs.append(csv_path)
+    rows = common.read_rows(csv_path)
+    common.plot(csv_path, os.path.join(out_dir, f"{experiment}.png"),
+                [("eval_accuracy", None, "eval accuracy"), ("reward_mean", None, "train reward"),
+                 ("masked_fraction", None, "masked (DIS band / PPO clip)"),
+                 ("staleness_mean", None, "staleness")],
+                title=f"SAO vs GRPO, fixed rollout delay d = {d}; mean and min-max over seeds")
+    table = run_table(rows, [a.name for a in arms], seeds)
+    per_arm, flagged = common.staleness_flag(common.mean_over_steps(rows, "staleness_mean"),
+                                             [a.name for a in arms], tc.STALENESS_FLAG)
+    verdict, m_sao, m_grpo = cell_verdict(table)
+    if flagged:
+      verdict = "flagged: arms' staleness differ by > 20%, not judged"
+    n_coll = {a.name: sum(r[5] != "-" for r in table if r[0] == a.name) for a in arms}
+    cells.append((d, verdict, m_sao, m_grpo, n_coll, per_arm, flagged))
+    sections.append(f"""### Delay d = {d}
+
+{common.markdown_table(["arm", "seed", "acc before", "best eval", "final acc (200)",
+                        "collapse step", "staleness (mean)", "EV (last 5)", "masked (mean)"],
+                       table)}
+
+Mean staleness per arm: {", ".join(f"{k} {v:.2f}" for k, v in per_arm.items())}. Mean final
+accuracy: sao {m_sao:.3f}, grpo {m_grpo:.3f}; collapses: {n_coll}. **Cell: {verdict}.**
+
+![stability d={d}](results/{experiment}.png)
+""")
+  sao_coll = any(c[4].get("sao", 0) for c in cells if not c[6])
+  grpo_ahead = any(c[1] == "GRPO ahead" for c in cells)
+  sao_wins = any(c[1] == "SAO ahead" for c in cells) or any(
+      c[4].get("grpo", 0) for c in cells if not c[6])
+  verdict = ("not reproduced" if sao_coll or grpo_ahead else
+             "reproduced" if sao_wins else "inconclusive")
   if quick:
     verdict = "inconclusive (quick run: pipeline check only)"
-  cmd = ("python experiments/stability.py" + (" --setting stress" if stress else "") +
-         (" --quick" if quick else ""))
+  cmd = "python experiments/stability.py" + (" --quick" if quick else "")
+  summary = common.markdown_table(
+      ["delay d", "sao mean final", "grpo mean final", "sao collapses", "grpo collapses",
+       "cell"], [[c[0], c[2], c[3], c[4].get("sao", 0), c[4].get("grpo", 0), c[1]]
+                 for c in cells])
   body = f"""Command: `{cmd}`
 
-Setting: `configs/arith_tool.py`{':smoke' if quick else ''} with {base};
-arms {[a.name + ' ' + str(a.overrides) for a in arms]}; seeds {list(seeds)}. Collapse = eval
-accuracy below half its best after the best (best >= 0.1).
+Setting (fixed in `experiments/training_claims.py` and the script): `configs/{tc.TASK}.py`{
+':smoke' if quick else ''} with {tc.QUICK if quick else tc.FULL}, lockstep rollout with a fixed
+delay d; arms {[a.name + ' ' + str(a.overrides) for a in arms]}; seeds {list(seeds)}. Both arms
+train on 32 trajectories per step (SAO 32 prompts x 1, GRPO 4 x 8). Collapse = {COLLAPSE_EVALS}
+evals in a row below half the best so far.
 
-{common.markdown_table(["arm", "seed", "acc before", "best periodic acc", "final acc (200)",
-                        "collapse step"], table)}
+{summary}
 
-Mean final accuracy: {", ".join(f"{k} {v:.3f}" for k, v in mean_final.items())}.
-
-The arms ran one after another on 2 CPU cores shared with other jobs (load average 5-9), so the
-wall-clock panel (seconds since the first policy step) shows the order of magnitude only; the
-policy-step panels are the comparison. GRPO uses 4 prompts x 8 rollouts per step, SAO/VAPO 32
-prompts x 1: the same 32 trajectories per step.
-
-![stability](results/{experiment}.png)
-
-**Verdict: {verdict}** (rule fixed in the script: reproduced = SAO's mean final accuracy within
-0.02 of the best arm, no SAO collapse, and at least one baseline run collapses; inconclusive =
-SAO best but no baseline collapses at this scale; otherwise not reproduced).
+{chr(10).join(sections)}
+**Verdict: {verdict}** (rule in the module docstring, fixed before the runs).
 """
-  title = ("1b. Stability under stress: policy lr 1e-3, trajectory queue 256" if stress
-           else TITLE)
-  common.write_section(md, experiment, title, body)
-  return csv_path
+  common.write_section(md, EXPERIMENT, TITLE, body)
+  return csvs[-1]
 
 
 if __name__ == "__main__":
-  parser = common.common_argparser(__doc__)
-  parser.add_argument("--setting", choices=("default", "stress"), default="default",
-                      help="stress: policy lr 1e-3 and trajectory queue 256 (see STRESS)")
-  args = parser.parse_args()
-  run(args.quick, args.out_dir, args.setting, report_only=args.report_only)
+  args = common.common_argparser(__doc__).parse_args()
+  run(args.quick, args.out_dir, report_only=args.report_only)

@@ -19,7 +19,7 @@ from sao_jax.data.tokenizer import CharTokenizer  # noqa: E402
 from sao_jax.envs import arith_tool, style_switch  # noqa: E402
 
 
-def _check_outputs(out, experiment, arms, metrics, lo=-np.inf, hi=np.inf):
+def _check_outputs(out, experiment, arms, metrics, lo=-np.inf, hi=np.inf, section=None):
   rows = common.read_rows(os.path.join(out, f"{experiment}.csv"))
   assert {r["arm"] for r in rows} >= set(arms)
   for m in metrics:
@@ -30,7 +30,7 @@ def _check_outputs(out, experiment, arms, metrics, lo=-np.inf, hi=np.inf):
   with open(png, "rb") as f:
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
   md = open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read()
-  assert f"<!-- section:{experiment} -->" in md and "**Verdict:" in md
+  assert f"<!-- section:{section or experiment} -->" in md and "**Verdict:" in md
   return rows
 
 
@@ -45,7 +45,7 @@ def test_write_section_replaces_only_its_own_section(tmp_path):
 
 
 def test_apply_overrides_rejects_unknown_field():
-  c = common.base_arith_config(True)
+  c = common.base_config(True)
   common.apply_overrides(c, {"train.num_steps": 7})
   assert c.train.num_steps == 7
   with pytest.raises(KeyError, match="train.num_stepz"):
@@ -117,17 +117,30 @@ def test_throughput_quick(tmp_path):
 
 
 def test_training_experiments_quick(tmp_path):
-  """stability, ablations, online: one arm x one seed each, 2-3 steps, in one subprocess."""
+  """stability (both arms at a fixed delay of 2), ablations (the running-mean arm, 12 steps on
+  a pool of 32 prompts at batch 8), overshoot (one remedy), online: the tiny model, in one
+  subprocess."""
   code = ("import sys; sys.path.insert(0, 'experiments'); import stability, ablations, "
-          f"online_style; out = {str(tmp_path)!r}; stability.run(True, out); "
-          "ablations.run(True, out); online_style.run(True, out)")
+          f"overshoot, online_style; out = {str(tmp_path)!r}; stability.run(True, out); "
+          "ablations.run(True, out); overshoot.run(True, out); online_style.run(True, out)")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                         timeout=900, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   out = str(tmp_path)
-  rows = _check_outputs(out, "stability", ["grpo"], ["final_accuracy", "eval_accuracy"],
-                        0.0, 1.0)
+  rows = _check_outputs(out, "stability_d2", ["sao", "grpo"],
+                        ["final_accuracy", "eval_accuracy"], 0.0, 1.0, section="stability")
   assert sorted({r["step"] for r in rows if r["metric"] == "reward_mean"}) == [1, 2]
-  _check_outputs(out, "ablations", ["k1"], ["final_accuracy", "explained_variance",
-                                            "critic_grad_norm"])
+  # the fixed delay: step 2 trains on tokens sampled 1 version ago (min(d, v) = min(2, 1))
+  stale = {(r["arm"], r["step"]): r["value"] for r in rows if r["metric"] == "staleness_mean"}
+  assert stale[("sao", 1)] == stale[("grpo", 1)] == 0.0
+  assert stale[("sao", 2)] == stale[("grpo", 2)] == 1.0
+  # the running-mean window is non-empty for >= 90% of the trajectories after step 10
+  rows = _check_outputs(out, "ablations", ["running_mean"], ["final_accuracy"], 0.0, 1.0)
+  window = [r["value"] for r in rows
+            if r["metric"] == "baseline_nonempty_fraction" and r["step"] > 10]
+  assert len(window) == 2 and min(window) >= 0.9, window
+  rows = _check_outputs(out, "overshoot", ["value_bounds"], ["final_accuracy", "value_mean"])
+  assert all(r["value"] <= 1.0 + 1e-6 for r in rows if r["metric"] == "value_max")
   _check_outputs(out, "online_style", ["running_mean_128"], ["reward_mean"], 0.0, 1.0)
+  md = open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read()
+  assert "<!-- section:stability -->" in md and "### Delay d = 2" in md

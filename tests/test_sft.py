@@ -66,3 +66,16 @@ def test_cache_key_changes_with_any_part():
   assert base == sft.cache_key({"steps": 10}, {"name": "arith_tool"}, 0)
   assert base != sft.cache_key({"steps": 11}, {"name": "arith_tool"}, 0)
   assert base != sft.cache_key({"steps": 10}, {"name": "arith_tool"}, 1)
+
+
+def test_warm_start_identity_ignores_where_it_is_cached_and_the_prompt_pool():
+  """``setup.sft_key``: the same warm start whatever ``sft.cache_dir`` or ``task.prompt_pool``
+  (so every cell of an experiment shares it); another demo set (``task.n_train``) is another."""
+  from sao_jax import configs  # pylint: disable=import-outside-toplevel
+  from sao_jax.train import setup  # pylint: disable=import-outside-toplevel
+  c = configs.load("chain_tool")
+  base = setup.sft_key(c, "model")
+  c.sft.cache_dir, c.task.prompt_pool = "elsewhere", 128
+  assert setup.sft_key(c, "model") == base
+  c.task.n_train = 100
+  assert setup.sft_key(c, "model") != base

@@ -211,8 +211,6 @@ CROSS_FIELD = [
     ({"rollout.lockstep_delay": 4}, "rollout.lockstep_delay",
      "a fixed rollout delay needs the lockstep rollout"),
     ({"train.dual_clip": 3.0}, "train.dual_clip", "resolves to 'dis' here"),
-    ({"train.critic_warmup_steps": 5, "train.advantage_estimator": "running_mean_prompt"},
-     "train.critic_warmup_steps", "need a critic"),
     ({"rollout.num_workers": 4}, "rollout.num_workers", "needs rollout.backend='ray'"),
     ({"rollout.ray_address": "head:6379"}, "rollout.ray_address",
      "is read only by rollout.backend='ray'"),

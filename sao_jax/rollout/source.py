@@ -206,6 +206,7 @@ class ThreadSource:
                                 temperature=self.temperature, version=sampled_with, seed=seed,
                                 **self._gen)
     self.worker.stats.trajectories += len(out)
+    self.worker.stats.tokens_sampled += sum(t.num_action_tokens for t in out)
     self.lengths.generated.extend(t.num_action_tokens for t in out)
     return out
 

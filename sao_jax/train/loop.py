@@ -62,12 +62,13 @@ def run(config) -> dict[str, Any]:
           if config.checkpoint.every_steps or resume_step is not None else None)
   guard = resume_lib.NonFiniteGuard(config.train.max_consecutive_nonfinite)
   start_step, version, before = 0, 0, None
-  ledger = PromptLedger(task.train_problems, config.seed + jax.process_index())
+  pool = task.train_problems[:config.task.prompt_pool or None]  # the prompts RL cycles over
+  ledger = PromptLedger(pool, config.seed + jax.process_index())
   if resume_step is not None:  # restore learner, counters, the prompt ledger's cursor
     meta = ckpt.meta(resume_step)
     learner.load_states(ckpt.restore(learner.restore_target(), resume_step))
     start_step, version, before = int(meta["step"]), int(meta["policy_version"]), meta["before"]
-    ledger = PromptLedger.from_state(task.train_problems, meta["ledger"])
+    ledger = PromptLedger.from_state(pool, meta["ledger"])
     guard.total = int(meta.get("nonfinite_total", 0))
     print(f"policy restored from {ckpt_dir} step {start_step}", flush=True)
     if start_step >= tcfg.num_steps and os.path.exists(os.path.join(run_dir, "results.csv")):
@@ -97,8 +98,9 @@ def run(config) -> dict[str, Any]:
       stream=progress.stream, wandb_project=config.log.wandb_project or None,
       wandb_config=config.to_dict())
   history = []
+  warmup_steps = tcfg.critic_warmup_steps if learner.uses_critic else 0  # none without a critic
   try:
-    for i in range(tcfg.critic_warmup_steps if learner.uses_critic and resume_step is None else 0):
+    for i in range(warmup_steps if resume_step is None else 0):
       # value pre-training on rollouts of the starting policy (no policy update)
       batch, micro = learner.batch(source.take(local_batch, version))
       logger.log(i, learner.critic_only_step(batch, micro), prefix="critic_warmup/")
@@ -144,7 +146,7 @@ def run(config) -> dict[str, Any]:
       "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"],
       "tool_use_before": before["tool_use"], "tool_use_after": after["tool_use"],
       "eval_problems": after["n"], "policy_steps": tcfg.num_steps,
-      "trajectories_consumed": tcfg.batch_size * (tcfg.num_steps + tcfg.critic_warmup_steps),
+      "trajectories_consumed": tcfg.batch_size * (tcfg.num_steps + warmup_steps),
       "env_errors": int(src["env_errors_total"]), "nonfinite_skipped": guard.total,
       "trajectories_generated": int(src["rollout_trajectories"]),
       "staleness_max": max((h["staleness_max"] for h in history), default=0.0),

@@ -40,6 +40,15 @@ class Policy:
   loaded: bool = False
 
 
+def sft_key(config, mcfg) -> str:
+  """The identity of a warm start (its ``sft.cache_dir`` file name): the ``sft`` and ``task``
+  fields, the model and the seed -- not where it is cached (``sft.cache_dir``) nor
+  ``task.prompt_pool`` (which prompts RL cycles over)."""
+  sft = {k: v for k, v in config.sft.to_dict().items() if k != "cache_dir"}
+  task = {k: v for k, v in config.task.to_dict().items() if k != "prompt_pool"}
+  return sft_lib.cache_key(sft, task, str(mcfg), config.seed)
+
+
 def build_policy(config, task, warm_start: bool = True) -> Policy:
   """The policy from ``model.checkpoint_dir`` / ``model.gguf`` (Hugging Face folder, GGUF, or a
   sao_jax run checkpoint), else a random init of ``config.model`` warm-started by SFT on the
@@ -61,7 +70,7 @@ def build_policy(config, task, warm_start: bool = True) -> Policy:
   bar = Progress(config.sft.steps, desc="SFT warm-up", mode=config.log.progress)
   params, loss = sft_lib.cached_sft(
       config.sft.cache_dir,
-      sft_lib.cache_key(config.sft.to_dict(), config.task.to_dict(), str(mcfg), config.seed),
+      sft_key(config, mcfg),
       params, lambda: sft_lib.train_sft(
           graphdef, params, task.sft_demos, pad_id=task.tokenizer.pad_id,
           steps_=config.sft.steps, batch_size=config.sft.batch_size, lr=config.sft.lr,

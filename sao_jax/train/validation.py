@@ -146,11 +146,6 @@ def _resolved(flat: dict) -> tuple[str, str, str]:
   return mode, objective, estimator
 
 
-def _critic_free() -> tuple[str, ...]:
-  """Estimators that use no critic (``algo.ESTIMATORS[name].uses_critic`` is False)."""
-  return tuple(k for k, v in algo.ESTIMATORS.items() if not v.uses_critic)
-
-
 def _regexes_ok(patterns) -> bool:
   for p in patterns:
     re.compile(p)  # re.error is caught by the caller
@@ -232,6 +227,8 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
        "use 0.0 (off) or e.g. 0.2"),
       ("train.max_grad_norm", pos, "must be > 0", "use 1.0"),
       ("train.adam_eps", pos, "must be > 0 (Adam's denominator epsilon)", "use 1e-8"),
+      ("task.prompt_pool", nonneg, "must be >= 0 (0 = every training problem)",
+       "use 0 or e.g. 128 (each prompt then recurs every 128 / train.batch_size steps)"),
       ("train.critic_b1", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (Adam's b1)", "use 0.9"),
       ("train.value_bounds",
        lambda v: len(v) == 0 or (len(v) == 2 and float(v[0]) < float(v[1])),
@@ -323,10 +320,6 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
        f"is read only by the PPO-family objectives {_PPO_FAMILY}; train.objective resolves "
        f"to {objective!r} here", "set train.dual_clip=0 or train.objective='ppo_clip'",
        ("train.mode", "train.objective")),
-      ("train.critic_warmup_steps", lambda v: v == 0 or estimator not in _critic_free(),
-       f"critic-only warm-up steps need a critic, and advantage estimator {estimator!r} uses "
-       "none", "set train.critic_warmup_steps=0 or use a GAE estimator",
-       ("train.mode", "train.advantage_estimator")),
       ("rollout.lockstep_delay", lambda v: v == 0 or flat.get("rollout.lockstep", False),
        "a fixed rollout delay needs the lockstep rollout",
        "set --config.rollout.lockstep=True or rollout.lockstep_delay=0", ("rollout.lockstep",)),

@@ -1,0 +1,126 @@
+"""The value-overshoot failure (issue 16 item 3): remedies tried one at a time on the stress
+setting, each with the same seeds.
+
+Stress (fixed before the runs): policy lr 1e-3 (3.3x the default; the critic lr stays 1e-3,
+1:1 -- the ratio at which the earlier stress runs collapsed) and a fixed rollout delay of 8
+policy versions. In those runs the first mover was the critic: the mean value rose above the
+best reward (1), every advantage turned negative and the policy was pushed off its good
+answers.
+
+Arms: ``no_pretrain`` (no value pre-training: the critic starts at a zero value head -- the
+previous default); ``sao`` (the default now: value pre-training, the paper's setting); and one
+remedy each on top of ``sao`` (ours, not the paper's): ``value_bounds`` (V clipped to the reward
+range [0, 1] before GAE), ``critic_b1`` (critic Adam b1 = 0.5: less momentum), ``center_adv``
+(advantages centred per batch).
+
+Reported per arm: final accuracy, collapses (2 evals in a row below half the best so far), the
+largest mean value and its excess over the batch's mean reward, the share of steps whose largest
+value leaves the reward range, the mean advantage. Verdict (fixed): a remedy *holds* when none
+of its seeds collapses and its mean final accuracy is not 2 seed std (at least 0.02) below the
+``sao`` arm; it *helps* when it is 2 std above.
+
+``python experiments/overshoot.py`` (full: 5 arms x 3 seeds) / ``--quick``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402  pylint: disable=wrong-import-position
+import stability  # noqa: E402  pylint: disable=wrong-import-position
+import training_claims as tc  # noqa: E402  pylint: disable=wrong-import-position
+
+EXPERIMENT = "overshoot"
+TITLE = "1b. Value overshoot under stress: remedies one at a time"
+STRESS = dict(tc.fixed_delay(8), **{"train.policy_lr": 1e-3})
+ARMS = (
+    common.Arm("no_pretrain", {"train.critic_warmup_steps": 0}),
+    common.Arm("sao", {}),
+    common.Arm("value_bounds", {"train.value_bounds": (0.0, 1.0)}),
+    common.Arm("critic_b1", {"train.critic_b1": 0.5}),
+    common.Arm("center_adv", {"train.center_advantages": True}),
+)
+QUICK_ARMS = ("value_bounds",)
+
+
+def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
+  out_dir, md = common.out_paths(EXPERIMENT, quick, out_dir)
+  arms = [a for a in ARMS if a.name in QUICK_ARMS] if quick else list(ARMS)
+  seeds = tc.SEEDS_QUICK if quick else tc.SEEDS_FULL
+  base = dict(tc.QUICK if quick else tc.FULL, **STRESS)
+  csv_path = common.run_training_arms(EXPERIMENT, arms, seeds, quick=quick, out_dir=out_dir,
+                                      metrics=tc.TRAIN_METRICS, base=base,
+                                      report_only=report_only)
+  rows = common.read_rows(csv_path)
+  common.plot(csv_path, os.path.join(out_dir, f"{EXPERIMENT}.png"),
+              [("eval_accuracy", None, "eval accuracy"), ("value_mean", None, "mean value"),
+               ("advantage_mean", None, "mean advantage"),
+               ("explained_variance", None, "explained variance")],
+              title="stress (policy lr 1e-3, delay 8); mean and min-max over seeds")
+  runs = stability.run_table(rows, [a.name for a in arms], seeds)
+  vmean, reward, vmax = (common.curves(rows, m) for m in ("value_mean", "reward_mean",
+                                                          "value_max"))
+  adv = common.mean_over_steps(rows, "advantage_mean")
+  elapsed = common.per_run_final(rows, "rl_elapsed_s")
+  table = []
+  for arm in arms:
+    r = [x for x in runs if x[0] == arm.name]
+    f = [x[4] for x in r]
+    peak, excess, out_of_range = [], [], []
+    for s in seeds:
+      if s not in vmean.get(arm.name, {}):
+        continue
+      v, rw, mx = vmean[arm.name][s][1], reward[arm.name][s][1], vmax[arm.name][s][1]
+      n = min(len(v), len(rw))
+      peak.append(float(v.max()))
+      excess.append(float(np.max(v[:n] - rw[:n])))
+      out_of_range.append(float(np.mean(mx > 1.0)))
+    table.append([arm.name, " ".join(f"{v:.3f}" for v in f), float(np.mean(f)),
+                  float(np.std(f)), sum(x[5] != "-" for x in r),
+                  float(np.mean(peak)) if peak else "-", float(np.mean(excess)) if excess else "-",
+                  float(np.mean(out_of_range)) if out_of_range else "-",
+                  float(np.mean([adv[(arm.name, s)] for s in seeds if (arm.name, s) in adv])),
+                  float(np.mean([elapsed.get((arm.name, s), np.nan) for s in seeds]))])
+  ref = next((t for t in table if t[0] == "sao"), None)
+  verdicts = []
+  for t in table:
+    if ref is None or t[0] == "sao":
+      continue
+    margin = 2 * max(t[3], ref[3], 0.01)
+    holds = t[4] == 0 and t[2] >= ref[2] - margin
+    helps = t[2] > ref[2] + margin
+    verdicts.append(f"{t[0]}: {'helps' if helps else 'holds' if holds else 'does not hold'}")
+  verdict = "; ".join(verdicts) if verdicts else "inconclusive (quick run: pipeline check only)"
+  if ref is not None:
+    verdict = f"sao (reference) collapses in {ref[4]} of {len(seeds)} seeds; " + verdict
+  cmd = "python experiments/overshoot.py" + (" --quick" if quick else "")
+  body = f"""Command: `{cmd}`
+
+Setting (fixed): `configs/{tc.TASK}.py`{':smoke' if quick else ''} with {base}; arms
+{[a.name + ' ' + str(a.overrides) for a in arms]}; seeds {list(seeds)}.
+
+{common.markdown_table(["arm", "final acc per seed", "mean", "std", "collapses",
+                        "peak mean value", "max (mean value - mean reward)",
+                        "steps with max value > 1", "mean advantage", "RL seconds"], table)}
+
+Per run:
+
+{common.markdown_table(["arm", "seed", "acc before", "best eval", "final acc (200)",
+                        "collapse step", "staleness (mean)", "EV (last 5)", "masked (mean)"],
+                       runs)}
+
+![overshoot](results/{EXPERIMENT}.png)
+
+**Verdict: {verdict}** (rule in the module docstring, fixed before the runs).
+"""
+  common.write_section(md, EXPERIMENT, TITLE, body)
+  return csv_path
+
+
+if __name__ == "__main__":
+  args = common.common_argparser(__doc__).parse_args()
+  run(args.quick, args.out_dir, report_only=args.report_only)
