@@ -66,6 +66,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
 
   if variant == "smoke":
     c.run_dir = "runs/aime_smoke"
+    c.train.critic_warmup_steps = 0     # a wiring check: no value pre-training
     c.model.checkpoint_dir = ""       # tiny random model instead of a checkpoint
     c.model.param_dtype, c.model.dtype = "float32", "float32"
     c.model.d_model, c.model.n_layers, c.model.d_ff = 32, 1, 64

@@ -162,6 +162,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.sft.steps, c.sft.num_demos = 20, 64
     c.rollout.slots, c.eval.slots = 8, 16
     c.train.num_steps, c.train.batch_size = 3, 8
+    c.train.critic_warmup_steps = 2
     c.eval.every_steps, c.checkpoint.every_steps = 2, 2
     c.run_dir = "runs/arith_tool_smoke"
   elif variant:

@@ -58,6 +58,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
 
   if variant == "smoke":
     c.run_dir = "runs/gsm8k_smollm2_smoke"
+    c.train.critic_warmup_steps = 0     # a wiring check: no value pre-training
     c.task.n_eval = 2
     c.model.max_seq_len = 288
     c.rollout.max_new_tokens = 16

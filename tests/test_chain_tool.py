@@ -92,7 +92,7 @@ def test_problem_generation_is_seeded_and_splits_are_disjoint():
 def test_problems_follow_the_chain_and_the_length_mix():
   problems = chain_tool.make_problems(2000, seed=3, split="train")
   lo, hi = chain_tool.VALUE_RANGE
-  counts = np.zeros(5)
+  counts = np.zeros(6)
   for p in problems:
     steps = chain_tool.problem_steps(p)
     value = steps[0][1]
@@ -101,8 +101,8 @@ def test_problems_follow_the_chain_and_the_length_mix():
       assert lo <= value <= hi
     assert str(value) == p.answer
     counts[len(steps) - 1] += 1
-  # default weights (0.12, 0.88) for 3, 4 calls; binomial sd over 2000 draws: 0.007
-  np.testing.assert_allclose(counts[3:] / counts.sum(), [0.12, 0.88], atol=0.03)
+  # default weights (0.2, 0.5, 0.3) for 3, 4, 5 calls; binomial sd over 2000 draws <= 0.011
+  np.testing.assert_allclose(counts[3:] / counts.sum(), [0.2, 0.5, 0.3], atol=0.04)
   assert counts[:3].sum() == 0
 
 
@@ -165,18 +165,13 @@ def test_sft_demos_replay_through_the_env_to_the_reward_they_claim():
 
 
 def test_make_task_and_config_validate():
-  import importlib.util  # pylint: disable=import-outside-toplevel
-  from sao_jax import tasks  # pylint: disable=import-outside-toplevel
+  from sao_jax import configs, tasks  # pylint: disable=import-outside-toplevel
   from sao_jax.train.validation import validate_config  # pylint: disable=import-outside-toplevel
-  spec = importlib.util.spec_from_file_location("chain_cfg",
-                                                os.path.join(ROOT, "configs", "chain_tool.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
   for variant in ("", "smoke"):
-    c = mod.get_config(variant)
+    c = configs.load("chain_tool", variant)
     validate_config(c, num_devices=1)
   task = tasks.make_task(c)
-  assert isinstance(task.env, ChainToolEnv) and task.env.max_turns == 6
+  assert isinstance(task.env, ChainToolEnv) and task.env.max_turns == 7  # 5 calls + answer + 1
   assert len(task.sft_demos) == c.sft.num_demos and len(task.eval_problems) == c.task.n_eval
   assert not {p.prompt for p in task.train_problems} & {p.prompt for p in task.eval_problems}
 

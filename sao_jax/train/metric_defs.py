@@ -154,6 +154,9 @@ METRICS: dict[str, MetricDef] = {
                     "(before the K updates); compare with the reward range"),
     "value_max": _m("value", "critic", "largest critic value over the batch's action tokens "
                     "(above the largest reward: the value overshoots)"),
+    "baseline_nonempty_fraction": _m("fraction", "DIS policy", "running-mean estimators: share "
+                                     "of the batch's trajectories whose reward window held an "
+                                     "earlier reward (0 = the baseline is 0, A = R)"),
     "response_tokens_generated_mean": _m("tokens", "asynchrony", "mean action tokens of every "
                                          "trajectory that arrived, since the start"),
     "response_tokens_trained_mean": _m("tokens", "asynchrony", "mean action tokens of the "
