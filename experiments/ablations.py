@@ -92,6 +92,9 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
     verdict = (f"reproduced for {worse}" if worse else "not reproduced for any arm") + (
         f"; {better} clearly above SAO" if better else "") + (
         f"; within 2 std of SAO: {[r[0] for r in table[1:] if r[0] not in worse + better]}")
+  paired = "; ".join(
+      f"{r[0]} - sao: " + " ".join(f"{d:+.3f}" for d in common.paired_differences(
+          final, r[0], "sao", seeds)) for r in table if r[0] != "sao" and sao is not None)
   cmd = "python experiments/ablations.py" + (" --quick" if quick else "")
   body = f"""Command: `{cmd}`
 
@@ -101,6 +104,9 @@ Setting (fixed): `configs/{tc.TASK}.py`{':smoke' if quick else ''} with {base}; 
 {common.markdown_table(["arm", "final acc per seed", "mean", "std", "EV (last 5 steps)",
                         "staleness (mean)", "running-mean window non-empty (steps > 10)"],
                        table)}
+
+Paired per-seed differences of the final accuracy (the arms of one seed share its warm start;
+reported, not used by the verdict rule, which was fixed before the runs): {paired or "-"}.
 
 ![ablations](results/{EXPERIMENT}.png)
 

@@ -284,6 +284,12 @@ def mean_over_steps(rows: list[dict], metric: str, first_step: int = 1) -> dict:
   return {k: float(np.mean(v)) for k, v in acc.items()}
 
 
+def paired_differences(final: dict, a: str, b: str, seeds: Sequence[int]) -> list[float]:
+  """Per seed, final accuracy of arm ``a`` minus arm ``b`` (both arms start from that seed's
+  warm start, so the difference removes the warm start's seed-to-seed spread)."""
+  return [final[(a, s)] - final[(b, s)] for s in seeds if (a, s) in final and (b, s) in final]
+
+
 def staleness_flag(mean_staleness: dict, arms: Sequence[str], tolerance: float) -> tuple:
   """(per-arm mean staleness over seeds, flagged): flagged when the arms' means differ by more
   than ``tolerance`` (relative to the largest), i.e. the cell cannot be judged (issue 16)."""

@@ -47,10 +47,12 @@ ARMS = (
 QUICK_ARMS = ("value_bounds",)
 
 
-def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
+def run(quick: bool, out_dir=None, report_only: bool = False, seeds=None) -> str:
+  """``seeds``: a subset of the fixed seeds (to split the runs over processes; merge the CSVs
+  and rebuild with ``--report_only``)."""
   out_dir, md = common.out_paths(EXPERIMENT, quick, out_dir)
   arms = [a for a in ARMS if a.name in QUICK_ARMS] if quick else list(ARMS)
-  seeds = tc.SEEDS_QUICK if quick else tc.SEEDS_FULL
+  seeds = seeds or (tc.SEEDS_QUICK if quick else tc.SEEDS_FULL)
   base = dict(tc.QUICK if quick else tc.FULL, **STRESS)
   csv_path = common.run_training_arms(EXPERIMENT, arms, seeds, quick=quick, out_dir=out_dir,
                                       metrics=tc.TRAIN_METRICS, base=base,
@@ -122,5 +124,8 @@ Per run:
 
 
 if __name__ == "__main__":
-  args = common.common_argparser(__doc__).parse_args()
-  run(args.quick, args.out_dir, report_only=args.report_only)
+  parser = common.common_argparser(__doc__)
+  parser.add_argument("--seeds", type=int, nargs="*", default=None,
+                      help="a subset of the fixed seeds (default: all)")
+  args = parser.parse_args()
+  run(args.quick, args.out_dir, report_only=args.report_only, seeds=args.seeds)

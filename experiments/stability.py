@@ -116,6 +116,8 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
     if flagged:
       verdict = "flagged: arms' staleness differ by > 20%, not judged"
     n_coll = {a.name: sum(r[5] != "-" for r in table if r[0] == a.name) for a in arms}
+    paired = common.paired_differences(common.per_run_final(rows, "final_accuracy"), "sao",
+                                       "grpo", seeds)
     cells.append((d, verdict, m_sao, m_grpo, n_coll, per_arm, flagged))
     sections.append(f"""### Delay d = {d}
 
@@ -124,7 +126,9 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
                        table)}
 
 Mean staleness per arm: {", ".join(f"{k} {v:.2f}" for k, v in per_arm.items())}. Mean final
-accuracy: sao {m_sao:.3f}, grpo {m_grpo:.3f}; collapses: {n_coll}. **Cell: {verdict}.**
+accuracy: sao {m_sao:.3f}, grpo {m_grpo:.3f}; collapses: {n_coll}; sao - grpo per seed
+(paired, reported, not used by the rule): {" ".join(f"{x:+.3f}" for x in paired) or "-"}.
+**Cell: {verdict}.**
 
 ![stability d={d}](results/{experiment}.png)
 """)
