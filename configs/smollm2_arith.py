@@ -1,0 +1,59 @@
+"""SAO with a real pretrained LM on 2 CPU cores: SmolLM2-135M-Instruct on small-number sums.
+
+`python -m sao_jax.main --config=configs/smollm2_arith.py`
+
+The packaged SmolLM2-135M-Instruct GGUF (`c.model.gguf = "smollm2"`, as in
+`configs/gsm8k_smollm2.py`) answers "What is 13 + 14?" (operands 1-30, + and -,
+`sao_jax/envs/chat_arith.py`) through its ChatML template; the reward is math-verify on the last
+`\\boxed{}`. Held-out: 200 problems whose operand pairs never occur in training (either order).
+Short prompts (<= 56 tokens) and responses (<= 32 tokens) keep a policy step cheap; the lr is
+far above the paper's 1e-6 (which is for a 30B model). `:smoke` = two SAO steps, 4 eval
+problems (a wiring check with the real model). The plot: `python benchmarks/plot_smollm2_arith.py`.
+"""
+
+import ml_collections
+
+from sao_jax import configs
+
+
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  c = configs.load("gsm8k_smollm2")
+  c.run_dir = "runs/smollm2_arith"
+  c.task.name = "chat_arith"
+  c.task.max_operand = 30                  # a + b, a - b with 1 <= b (<= a) <= 30
+  c.task.n_train = 1000                    # of the ~1025 train-split problems
+  c.task.n_eval = 200                      # held-out (of ~340), greedy, before and after
+  c.task.train_file, c.task.eval_file = "", ""
+  c.task.system_prompt = ""                # "" = chat_arith.SYSTEM (one worked example)
+
+  c.model.max_seq_len = 96                 # prompt (<= 56 tokens) + response (<= 32)
+  c.rollout.temperature = 0.5             # at 1.0 the base model's samples score 0/96; at 0.5 ~11%
+  c.rollout.max_new_tokens = 32
+  c.rollout.max_prefill_length = 64
+  c.rollout.slots = 32
+  c.rollout.queue_size = 64
+
+  c.mesh.tokens_per_device = 384           # micro-batches of 4 rows: the 49k-vocab logits of
+                                           # a whole batch need > 20 GB of host memory
+  c.train.batch_size = 16
+  c.train.num_steps = 40
+  c.train.policy_lr = 3e-5
+  c.train.critic_lr = 1e-4
+  c.train.critic_lr_warmup_steps = 5
+  c.eval.slots = 50
+  c.eval.every_steps = 10
+  c.eval.periodic_problems = 100
+  c.checkpoint.every_steps = 0             # one checkpoint at the end
+  c.log.tensorboard = False
+
+  if variant == "smoke":
+    c.run_dir = "runs/smollm2_arith_smoke"
+    c.task.n_train, c.task.n_eval = 16, 4
+    c.rollout.max_new_tokens = 8
+    c.rollout.slots, c.eval.slots = 4, 4
+    c.train.batch_size, c.train.num_steps = 4, 2
+    c.mesh.tokens_per_device = 0
+    c.eval.every_steps = 0
+  elif variant:
+    raise ValueError(f"unknown variant {variant!r} of configs/smollm2_arith.py; use '' or 'smoke'.")
+  return c
