@@ -49,11 +49,16 @@ def main():
   ap.add_argument("--out", default="benchmarks/results/smollm2_arith_curve.png")
   args = ap.parse_args()
   records, summary = load(args.run)
+  cfg_path = os.path.join(args.run, "config.json")
+  cfg = json.load(open(cfg_path)) if os.path.isfile(cfg_path) else {}
+  periodic = cfg.get("eval", {}).get("periodic_problems", "?")
+  temp = cfg.get("rollout", {}).get("temperature", "?")
+  n_eval = cfg.get("task", {}).get("n_eval", "?")
   train = [r for r in records if "reward_mean" in r]
   steps = np.array([r["step"] for r in train])
   reward = np.array([r["reward_mean"] for r in train])
   fig, ax = plt.subplots(figsize=(7, 4))
-  ax.plot(steps, reward, ".", color="tab:blue", alpha=0.4, label="train reward (T=0.5 samples)")
+  ax.plot(steps, reward, ".", color="tab:blue", alpha=0.4, label=f"train reward (T={temp} samples)")
   if len(reward) >= 5:
     run_mean = np.convolve(reward, np.ones(5) / 5, mode="valid")
     ax.plot(steps[4:], run_mean, "-", color="tab:blue", label="train reward, 5-step mean")
@@ -61,7 +66,8 @@ def main():
   if "accuracy_before" in summary:
     ev = [(0, summary["accuracy_before"])] + ev
   if ev:
-    ax.plot(*zip(*ev), "o-", color="tab:red", label="held-out greedy accuracy (periodic: 100)")
+    ax.plot(*zip(*ev), "o-", color="tab:red", label=f"held-out greedy accuracy (step 0: {n_eval}; "
+            f"periodic: first {periodic})")
   finals = [(r["step"], r["final/eval_accuracy"]) for r in records if "final/eval_accuracy" in r]
   n = int(summary.get("eval_problems", 0))
   if finals:
