@@ -10,6 +10,7 @@ from sao_jax.data.tokenizer import CharTokenizer
 from sao_jax import pretrained
 from sao_jax.envs import arith_tool
 from sao_jax.envs import chain_tool
+from sao_jax.envs import chat_arith
 from sao_jax.envs import arith_tool, style_switch
 from sao_jax.data import jsonl
 from sao_jax.envs.math_env import MathEnv
@@ -39,7 +40,8 @@ class Task:
 def make_task(config) -> Task:
   """``config.task.name``: "arith_tool" (CPU tool-use task), "chain_tool" (3-5 chained tool
   calls, ``sao_jax/envs/chain_tool.py``), "style_switch" (online style task), "math" (JSONL
-  benchmark files, single turn) or "tir_math" (JSONL files, multi-turn with the sandboxed Python
+  benchmark files, single turn), "chat_arith" (small-number sums for a chat model,
+  ``sao_jax/envs/chat_arith.py``) or "tir_math" (JSONL files, multi-turn with the sandboxed Python
   tool: ``sao_jax/envs/tir_math.py``; ``task.train_file`` is a comma-separated list of files or
   "paper_mix", checked against every evaluation set by ``sao_jax.data.split``).
 
@@ -106,8 +108,18 @@ def make_task(config) -> Task:
     return Task(tok, env, problems, evals[:n_eval], stop, None)
   if name == "tir_math":
     return _make_tir_math(config, tok)
+  if name == "chat_arith":  # small-number arithmetic for a chat model (envs/chat_arith.py)
+    if not getattr(tok, "chat_template", None):
+      raise ValueError("task.name='chat_arith' needs a chat model (model.gguf or "
+                       "model.checkpoint_dir with a chat template); use 'arith_tool' otherwise")
+    m = int(config.task.get("max_operand", 30))
+    train = chat_arith.make_problems(config.task.n_train, config.seed, "train", m)
+    evals = chat_arith.make_problems(config.task.n_eval, config.seed, "eval", m)
+    env = ChatMathEnv(tok, system=config.task.get("system_prompt", "") or chat_arith.SYSTEM,
+                      instruction=chat_arith.INSTRUCTION)
+    return Task(tok, env, train, evals, tuple(tok.stop_ids), None)
   raise ValueError(f"unknown task.name={name!r}; use 'arith_tool', 'chain_tool', "
-                   "'style_switch', 'math' or 'tir_math'.")
+                   "'style_switch', 'math', 'tir_math' or 'chat_arith'.")
 
 
 def _make_tir_math(config, tok) -> Task:

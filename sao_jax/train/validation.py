@@ -48,6 +48,7 @@ EXTRA_KEYS: dict[str, tuple] = {
     "task.tool_output_chars": (int,),  # tir_math: observation cut (characters)
     "task.train_file": (str,),
     "task.switch_every": (int,),  # style_switch: policy steps per preferred-style phase
+    "task.max_operand": (int,),  # chat_arith: largest operand
     "train.max_consecutive_nonfinite": (int,),
     "rollout.env_timeout_s": (int, float),
     "rollout.lockstep": (bool,),
@@ -56,7 +57,8 @@ EXTRA_KEYS: dict[str, tuple] = {
     "checkpoint.resume": (bool,),
 }
 _DTYPES = ("float32", "bfloat16", "float16")
-_TASKS = ("arith_tool", "chain_tool", "math", "style_switch", "tir_math")  # sao_jax/tasks.py:make_task
+# sao_jax/tasks.py:make_task
+_TASKS = ("arith_tool", "chain_tool", "math", "style_switch", "tir_math", "chat_arith")
 _KV_ON_UPDATE = ("keep", "recompute")  # rollout/worker.py:RolloutWorker
 _BACKENDS = ("thread", "ray")  # rollout.backend: TrajectorySource implementations
 _CPU_COLLECTIVES = ("gloo", "mpi", "")  # jax_cpu_collectives_implementation; "" = JAX's default
