@@ -180,7 +180,8 @@ def main():
                "checkpoint.every_steps": 0, "task.n_eval": 16, "log.tensorboard": False,
                "log.progress": "off", "rollout.max_new_tokens": 24,
                "task.tool_latency_median_s": median_s, "task.tool_latency_sigma": sigma,
-               "rollout.backend": args.backend}
+               "rollout.backend": args.backend,
+               "train.critic_warmup_steps": 0}  # the pipeline from the first policy step on
   if args.backend == "ray":
     overrides.update({"rollout.num_workers": args.num_workers,
                       "rollout.ray_num_cpus": 2.0 / args.num_workers})

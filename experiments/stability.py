@@ -11,7 +11,10 @@ paper runs it: 4 prompts x 8 rollouts per step -- the same 32 trajectories per s
 with clip-higher 0.2 / 0.28 against the policy at the start of the batch, M = 4 mini-batch
 updates per batch so the ratio moves and the clip acts).
 
-Collapse (fixed before the runs): 2 evals in a row below half the best eval so far (best >= 0.1).
+Collapse (fixed before the runs): 2 evals in a row below half the best eval so far (best >= 0.1);
+the warm start's eval (step 0) counts as the first eval -- added after the runs of 2026-12-01,
+when runs that fell from the warm start before their first periodic eval went uncounted (the
+verdict of the stability runs is the same with and without it).
 Verdict per cell: ``SAO ahead`` / ``GRPO ahead`` when the mean final accuracies differ by more
 than 2 seed std (at least 0.02), else ``tie``. Claim: reproduced = no SAO run collapses, GRPO is
 ahead in no cell, and SAO is ahead in a cell or a GRPO run collapses; not reproduced = an SAO run
@@ -66,6 +69,8 @@ def run_table(rows, arms, seeds):
   for arm in arms:
     for seed in seeds:
       x, y = acc.get(arm, {}).get(seed, (np.zeros(0), np.zeros(0)))
+      if (arm, seed) in init:  # the warm start's eval is the curve's first point (step 0)
+        x, y = np.concatenate([[0.0], x]), np.concatenate([[init[(arm, seed)]], y])
       c = collapse_step(x, y)
       e = ev.get(arm, {}).get(seed)
       table.append([arm, seed, init.get((arm, seed), float("nan")),

@@ -20,7 +20,8 @@ ARGS = ["--config=configs/arith_tool.py:smoke", "--config.sft.steps=0", "--confi
         "--config.model.n_heads=2", "--config.model.n_kv_heads=1", "--config.model.head_dim=16",
         "--config.model.d_ff=64", "--config.rollout.lockstep=True",
         "--config.checkpoint.every_steps=1", f"--config.train.num_steps={STEPS}",
-        "--config.log.tensorboard=False"]
+        "--config.log.tensorboard=False",
+        "--config.train.critic_warmup_steps=0"]  # the ledger / batch counts are policy steps'
 
 
 def _run(run_dir, kill=None, cache=None, background=False):
