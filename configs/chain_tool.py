@@ -2,9 +2,10 @@
 
 A task in which the critic has something to learn: the reward is binary and final, but the chain's
 length (in the prompt) and every tool observation reveal how likely success is. Derived from
-`configs/arith_tool.py`; only what differs is set here. Seed 0 (2026-12-01, load ~6): warm start
-11.5% greedy on 200 held-out problems, 60 SAO steps -> 50.5% (+39 pts; 51% at step 20),
-explained variance 0.4-0.8 over the last 20 steps.
+`configs/arith_tool.py`; only what differs is set here. Seed 0 (2026-12-01, load ~6; that run
+had 20 value pre-training steps, the default is now 10): warm start 11.5% greedy on 200 held-out
+problems, 60 SAO steps -> 50.5% (+39 pts; 51% at step 20), explained variance 0.4-0.8 over the
+last 20 steps.
 `python -m sao_jax.main --config=configs/chain_tool.py [--config.sft.cache_dir=runs/sft_cache]`;
 variant `configs/chain_tool.py:smoke` runs a few steps only.
 """
@@ -32,6 +33,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.sft.reliable_calls = 3                # calls every demonstration makes (if the chain has them)
 
   c.train.critic_warmup_steps = 10        # value pre-training on warm-start rollouts (10 x 32)
+  c.train.num_steps = 60                  # policy steps (most of the gain comes by step 20)
 
   if variant == "smoke":                  # a wiring check (tiny model, 2 steps), not a result
     c.task.n_train, c.task.n_eval = 64, 8

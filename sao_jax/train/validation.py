@@ -210,8 +210,8 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
        "use 1 (SAO: one update per batch) or e.g. 4 (PPO-style mini-batches)"),
       ("train.policy_minibatches",
        lambda v: v < 1 or flat.get("train.batch_size", 1) % v == 0,
-       "must divide train.batch_size (mini-batches of equal size)",
-       "use a divisor of train.batch_size, e.g. 4 for 32", ("train.batch_size",)),
+       f"must divide train.batch_size ({flat.get('train.batch_size')}; mini-batches of equal "
+       "size)", "use a divisor of train.batch_size, e.g. 4 for 32", ("train.batch_size",)),
       ("train.batch_size", lambda v: v >= 1, "must be >= 1", "use e.g. 32"),
       ("train.group_size", lambda v: v >= 1, "must be >= 1", "use 8 (grpo modes) or 1"),
       ("train.num_steps", lambda v: v >= 1, "must be >= 1 (policy steps)", "use e.g. 100"),
