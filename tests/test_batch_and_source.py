@@ -4,6 +4,7 @@ ledger, GRPO groups by position, the drop policy's generated / trained / dropped
 
 import os
 import sys
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -125,6 +126,9 @@ def test_drop_policy_reports_generated_trained_and_dropped_lengths():
   problems = [Problem(f"p{i}", "x", "1") for i in range(400)]
   ledger, src, params = _source(problems, staleness_policy="drop", max_staleness=0)
   try:
+    deadline = time.time() + 60
+    while src.queue.qsize() < 12 and time.time() < deadline:  # rollouts queued at version 0,
+      time.sleep(0.05)                                          # stale once version 1 is out
     for version in range(4):
       trajs = src.take(4, version)
       assert all(t.oldest_version() >= version for t in trajs)  # nothing staler than eta=0
