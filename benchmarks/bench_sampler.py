@@ -10,14 +10,19 @@ plus the modules it imports (einops jaxtyping wadler_lindig qwix google_metrax s
 perfetto pandas), then run with ``PYTHONPATH=$PWD:DIR``.
 
 All do the same work per batch size B: prefill B prompts of 16 tokens, then produce ``--new``
-tokens per sequence (no EOS stop). Ours: B prefills + inserts into B slots, then ``--new``
-``generate`` calls, sampling at temperature 1 with log-probs. HF: ``do_sample=True, top_k=0,
+tokens per sequence (no EOS stop). Ours: one batched ``prefill_insert`` of the B prompts, then
+``--new / --decode_steps`` calls of ``generate_steps`` (``--decode_steps`` tokens per call),
+sampling at temperature 1 with log-probs; "ours_api": the JetStream-API path in the same run
+(B one-row ``prefill`` + ``insert`` calls, then ``--new`` one-step ``generate`` calls), the A/B of
+those two changes. HF: ``do_sample=True, top_k=0,
 top_p=1``, ``min_new_tokens = max_new_tokens``. Tunix: one ``Sampler.__call__`` (prefill + a
 compiled decode loop) in its *greedy* mode, its cheapest (its temperature sampling goes through
 top-p / top-k, which sort the vocabulary), cache of ``16 + new`` positions. tokens/s =
 B * new / wall time (prefill included for every peer; "ours decode-only" excludes it). Bound:
 per decode step the weights plus the KV cache of the average context must be read once:
-(weight bytes + KV bytes) / measured bandwidth. Peers run interleaved in one process; medians.
+(weight bytes + KV bytes) / measured bandwidth. Roofline: the lower of that and the compute
+bound, measured matmul FLOP/s / FLOPs per token (2 per weight + attention over the average
+context): on a CPU with cache-resident weights a decode step is compute-bound. Peers run interleaved in one process; medians.
 """
 
 from __future__ import annotations
@@ -98,6 +103,7 @@ def main():
   ap.add_argument("--batches", default="1,8,32,128")
   ap.add_argument("--torch_threads", type=int, default=1)
   ap.add_argument("--no_tunix", action="store_true")
+  ap.add_argument("--decode_steps", type=int, default=8, help="tokens per generate_steps call")
   args = ap.parse_args()
   malloc_tuned = common.apply_malloc(args)
   import torch  # pylint: disable=import-outside-toplevel
@@ -115,6 +121,7 @@ def main():
     tunix_run = None if args.no_tunix else tunix_peer(cfg, d, new)
   weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   bw = common.measure_bandwidth(16 << 20 if args.quick else 256 << 20)
+  flops = common.measure_matmul_flops(256 if args.quick else 1024)
   rows, cache_sizes = [], {}
   for b in batches:
     engine = SAOEngine(cfg, graphdef, None, max_concurrent_decodes=b,
@@ -124,19 +131,30 @@ def main():
     tprompts = torch.from_numpy(prompts).long()
     decode_only = []
 
+    steps = max(1, min(args.decode_steps, new))
+    if new % steps:
+      raise ValueError(f"--new={new} must be a multiple of --decode_steps={steps}")
+
     def ours():
+      state, _, _ = engine.prefill_insert(params, engine.init_decode_state(), range(b), prompts)
+      jax.block_until_ready(state)
+      t0 = __import__("time").perf_counter()
+      toks = []
+      for _ in range(new // steps):
+        state, tok, _ = engine.generate_steps(params, state, steps)
+        toks.append(tok)  # (generate_steps returns host arrays: every call syncs, as in a rollout)
+      decode_only.append(__import__("time").perf_counter() - t0)
+      return state.tokens
+
+    def ours_api():
       state = engine.init_decode_state()
       for i in range(b):
         pre = engine.prefill(params=params, padded_tokens=prompts[i], true_length=PROMPT)
         state = engine.insert(pre, state, i)
-      jax.block_until_ready(state)
-      t0 = __import__("time").perf_counter()
       toks = []
       for _ in range(new):
         state, res = engine.generate(params, state)
-        toks.append(res.data)
-      jax.block_until_ready(toks)
-      decode_only.append(__import__("time").perf_counter() - t0)
+        toks.append(np.asarray(res.data))  # the worker reads every step's tokens
       return state.tokens
 
     def theirs():
@@ -145,7 +163,7 @@ def main():
                              max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=0,
                              top_p=1.0, temperature=1.0, pad_token_id=0)
 
-    peers = {"ours": ours, "hf": theirs}
+    peers = {"ours": ours, "ours_api": ours_api, "hf": theirs}
     if tunix_run is not None:
       peers["tunix"] = lambda: tunix_run(prompts)
     times = common.time_interleaved(peers, warmup=1, repeats=repeats)
@@ -157,15 +175,26 @@ def main():
     avg_ctx = PROMPT + new / 2
     kv_bytes = 2 * cfg.n_layers * b * avg_ctx * cfg.n_kv_heads * cfg.head_dim * 4
     bound = b / ((weight_bytes + kv_bytes) / bw)
-    row = {"batch": b, "ours tok/s": b * new / mo, "hf tok/s": b * new / mh, "ours/hf": mh / mo}
+    # compute side: 2 FLOPs per weight per token (embedding gather excluded, tied LM head
+    # included) + q.k and p.v over the average context
+    n_weights = sum(x.size for x in jax.tree.leaves(params))
+    tok_flops = 2 * n_weights + 4 * cfg.n_layers * avg_ctx * cfg.n_heads * cfg.head_dim
+    roofline = min(bound, flops / tok_flops)
+    ma = common.median(times["ours_api"])
+    row = {"batch": b, "ours tok/s": b * new / mo, "ours_api tok/s": b * new / ma,
+           "ours/ours_api": ma / mo, "hf tok/s": b * new / mh, "ours/hf": mh / mo}
     if "tunix" in times:
       mt = common.median(times["tunix"])
       row.update({"tunix tok/s": b * new / mt, "ours/tunix": mt / mo})
     row.update({"ours decode-only tok/s": b * new / md, "bound tok/s": bound,
-                "ours decode / bound": b * new / md / bound})
+                "ours decode / bound": b * new / md / bound,
+                "compute bound tok/s": flops / tok_flops,
+                "ours decode / roofline": b * new / md / roofline})
     rows.append(row)
   common.report("sampler", rows, args, {"weight_bytes": weight_bytes, "bandwidth_Bps": bw,
+                                        "matmul_flops": flops,
                                         "new_tokens": new, "prompt": PROMPT,
+                                        "decode_steps": args.decode_steps,
                                         "jit_cache_sizes": cache_sizes,
                                         "host_malloc.keep_freed_memory": malloc_tuned})
 

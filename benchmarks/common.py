@@ -99,6 +99,17 @@ def measure_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
   return nbytes / median(t)
 
 
+def measure_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
+  """Dense float32 matmul throughput of this host under XLA (FLOP/s): median time of a jitted
+  [n, n] x [n, n] product (2 n^3 FLOPs). The compute side of the decode roofline."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  t = time_interleaved({"mm": lambda: f(a).block_until_ready()}, warmup=1, repeats=repeats)["mm"]
+  return 2 * n ** 3 / median(t)
+
+
 def peak_rss_bytes() -> int:
   """Peak resident set size of this process (VmHWM), bytes."""
   with open("/proc/self/status", encoding="utf-8") as f:

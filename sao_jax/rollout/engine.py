@@ -9,6 +9,17 @@ Continuous batching over ``max_concurrent_decodes`` decode slots, the JetStream 
 * ``generate(params, decode_state)`` feeds every slot's last sampled token, samples the next one
   and returns ``LogProbResultTokens`` (JetStream's ``ResultTokens`` plus a ``logprobs`` array).
 
+Two batched calls beside the JetStream API, which the rollout worker uses (``benchmarks/
+bench_sampler.py`` measures both paths in one run):
+
+* ``prefill_insert(params, decode_state, slots, prompts)`` prefills several fresh prompts in one
+  compiled call and writes their caches into their slots (one scatter per layer, in place under
+  donation) instead of one ``prefill`` + ``insert`` pair per prompt;
+* ``generate_steps(params, decode_state, n)`` runs ``n`` decode steps in one ``lax.scan`` (the
+  same key splits as ``n`` ``generate`` calls, so the same draws) and returns the tokens and
+  log-probs ``[slots, n]``; the host checks stops once per call and discards what a slot sampled
+  past the end of its turn (``RolloutWorker(decode_steps=)``, ``rollout.decode_steps``).
+
 Sampling and log-probs (what DIS needs): the token is drawn from ``softmax(logits / temperature)``
 and the recorded log-prob is ``log_softmax(logits / temperature)[token]`` -- the distribution that
 was actually sampled. ``temperature == 0`` means greedy (argmax); its recorded log-prob is that of
@@ -206,6 +217,9 @@ class SAOEngine(engine_api.Engine):
                                  static_argnames=("kv_len",))
     self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._slot_prefix_jit = jax.jit(self._slot_prefix_impl)
+    self._prefill_insert_jit = jax.jit(self._prefill_insert_impl, donate_argnums=(1,))
+    self._generate_steps_jit = jax.jit(self._generate_steps_impl, donate_argnums=(1,),
+                                       static_argnames=("kv_len", "num_steps"))
     self._compiled_for = set()  # decode-state shapes whose live-length buckets are compiled
 
   # ---- pure implementations -------------------------------------------------------------------
@@ -240,6 +254,30 @@ class SAOEngine(engine_api.Engine):
                                  length_idx=(2, 3), samples_per_slot=1,
                                  logprobs=logprobs[:, None])
     return new_state, result
+
+  def _generate_steps_impl(self, params, state: DecodeState, temperature, *, kv_len, num_steps):
+    def body(st, _):
+      st, _ = self._generate_impl(params, st, temperature, kv_len=kv_len)
+      return st, (st.tokens, st.logprobs)
+    state, (tokens, logprobs) = jax.lax.scan(body, state, None, length=num_steps)
+    return state, tokens.T, logprobs.T
+
+  def _prefill_insert_impl(self, params, state: DecodeState, slots, tokens, true_lengths, rng,
+                           temperature):
+    n, t = tokens.shape
+    model = nnx.merge(self.graphdef, params)
+    cache = init_cache(self.cfg, n, self.cache_len)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (n, t))
+    h, cache = model.hidden(tokens, positions, cache, kv_len=t)
+    h_last = jnp.take_along_axis(h, (true_lengths - 1)[:, None, None], axis=1)  # [n, 1, D]
+    new_tokens, logprobs = sample_tokens(model.logits_from_hidden(h_last)[:, 0], rng,
+                                         temperature)
+    put = lambda x, u: x.at[slots].set(u.astype(x.dtype), unique_indices=True, mode="drop")
+    state = state.replace(
+        cache=[(put(k, pk), put(v, pv)) for (k, v), (pk, pv) in zip(state.cache, cache)],
+        lengths=put(state.lengths, true_lengths), tokens=put(state.tokens, new_tokens),
+        logprobs=put(state.logprobs, logprobs))
+    return state, new_tokens, logprobs
 
   @staticmethod
   def _insert_impl(prefix: Prefix, state: DecodeState, slot):
@@ -304,6 +342,74 @@ class SAOEngine(engine_api.Engine):
     cap = self.cfg.max_seq_len
     return state.replace(host_lengths=tuple(min(n + 1, cap) for n in lengths)), result
 
+  def generate_steps(self, params, decode_state: DecodeState, num_steps: int,
+                     temperature: Optional[float] = None):
+    """``num_steps`` decode steps for every slot in one compiled call (a ``lax.scan`` of the
+    step ``generate`` runs, with the same key splits, so the same draws as ``num_steps`` calls of
+    ``generate``). The caller reads the tokens on the host afterwards; a slot whose turn ended
+    part-way keeps decoding to the end of the call, and those extra tokens and cache entries are
+    the caller's to discard (``slot_prefix(..., length=, token=)`` / ``insert`` reset the slot).
+
+    Returns (new DecodeState, tokens int32 [slots, num_steps], logprobs float32 [slots,
+    num_steps]) as NumPy arrays. Raises ValueError for num_steps < 1."""
+    if num_steps < 1:
+      raise ValueError(f"generate_steps num_steps={num_steps} must be >= 1 (rollout.decode_steps)")
+    temp = jnp.float32(self.temperature if temperature is None else temperature)
+    lengths = _host_lengths(decode_state)
+    bare = decode_state.replace(host_lengths=None)
+    kv_len = self.kv_len_for(max(lengths) + num_steps)
+    key = ("steps", num_steps, kv_len) + tuple(jax.tree.map(jnp.shape, jax.tree.leaves(bare)))
+    if key not in self._compiled_for:  # every bucket compiled at once (as ``generate`` does)
+      for kv in self.live_buckets():
+        jax.block_until_ready(self._generate_steps_jit(
+            params, jax.tree.map(lambda x: x.copy(), bare), temp, kv_len=kv,
+            num_steps=num_steps))
+        self._compiled_for.add(key[:2] + (kv,) + key[3:])
+    state, tokens, logprobs = self._generate_steps_jit(params, bare, temp, kv_len=kv_len,
+                                                      num_steps=num_steps)
+    cap = self.cfg.max_seq_len
+    state = state.replace(host_lengths=tuple(min(n + num_steps, cap) for n in lengths))
+    return state, np.asarray(tokens), np.asarray(logprobs)
+
+  def prefill_insert(self, params, decode_state: DecodeState, slots, prompts,
+                     temperature: Optional[float] = None):
+    """Prefills fresh prompts into ``slots`` in one compiled call: the batched form of
+    ``prefill`` + ``insert`` for new sequences (no existing prefix). Rows are right-padded to a
+    common power-of-two length and the row count to a power of two (padding rows write
+    nowhere), so compiles stay few.
+
+    slots: sequence of distinct slot indices; prompts: one token-id sequence per slot, each of
+    1 .. ``max_prefill_length`` tokens and shorter than ``max_seq_len``. Returns (new
+    DecodeState, first sampled tokens int32 [len(slots)], their log-probs float32 [...]) as
+    NumPy arrays. Raises ValueError for a length mismatch or an empty / too long prompt."""
+    slots, prompts = list(slots), [list(p) for p in prompts]
+    if len(slots) != len(prompts) or not slots:
+      raise ValueError(f"prefill_insert: {len(slots)} slots for {len(prompts)} prompts")
+    longest = max(len(p) for p in prompts)
+    if min(len(p) for p in prompts) < 1 or longest > self._max_prefill:
+      raise ValueError(f"prefill_insert: prompts must have 1..rollout.max_prefill_length="
+                       f"{self._max_prefill} tokens; got lengths {[len(p) for p in prompts]}")
+    if longest >= self.cfg.max_seq_len:
+      raise ValueError(f"prefill_insert: a prompt of {longest} tokens does not fit "
+                       f"model.max_seq_len={self.cfg.max_seq_len}; raise it.")
+    t = min(max(8, 1 << (longest - 1).bit_length()), self._max_prefill)
+    rows = 1 << (len(slots) - 1).bit_length()
+    tokens = np.full((rows, t), self.tokenizer.pad_id if self.tokenizer else 0, np.int32)
+    lengths = np.ones((rows,), np.int32)
+    idx = np.full((rows,), self._slots, np.int32)  # out of range: dropped by the scatter
+    for r, (slot, p) in enumerate(zip(slots, prompts)):
+      tokens[r, :len(p)], lengths[r], idx[r] = p, len(p), slot
+    temp = jnp.float32(self.temperature if temperature is None else temperature)
+    host = list(_host_lengths(decode_state))
+    state, new_tokens, logprobs = self._prefill_insert_jit(
+        params, decode_state.replace(host_lengths=None), jnp.asarray(idx), jnp.asarray(tokens),
+        jnp.asarray(lengths), self._next_key(), temp)
+    for slot, p in zip(slots, prompts):
+      host[slot] = len(p)
+    n = len(slots)
+    return (state.replace(host_lengths=tuple(host)), np.asarray(new_tokens)[:n],
+            np.asarray(logprobs)[:n])
+
   def live_buckets(self) -> list:
     """Every ``kv_len`` ``generate`` can pick: one compiled decode step each."""
     return sorted({self.kv_len_for(n) for n in range(1, self.cache_len + 1)})
@@ -327,10 +433,17 @@ class SAOEngine(engine_api.Engine):
                              decode_state.replace(host_lengths=None), jnp.int32(slot))
     return state.replace(host_lengths=tuple(lengths))
 
-  def slot_prefix(self, decode_state: DecodeState, slot: int) -> Prefix:
+  def slot_prefix(self, decode_state: DecodeState, slot: int, length: Optional[int] = None,
+                  token: Optional[int] = None) -> Prefix:
     """The KV cache of ``slot`` as a ``Prefix`` (for ``prefill(existing_prefix=...)``): the
-    multi-turn continuation hook. Its ``token`` is the last sampled token, not yet cached."""
+    multi-turn continuation hook. Its ``token`` is the last sampled token, not yet cached.
+    ``length`` / ``token``: the slot's true cached length and last token when the decode state
+    ran past them (``generate_steps`` after a turn ended part-way; cache entries at positions
+    >= length are then ignored and later overwritten)."""
     prefix = self._slot_prefix_jit(decode_state.replace(host_lengths=None), jnp.int32(slot))
+    if length is not None:
+      prefix = prefix.replace(length=jnp.int32(length), token=jnp.int32(token))
+      return prefix.replace(host_length=int(length))
     return prefix.replace(host_length=_host_lengths(decode_state)[slot])
 
   def init_decode_state(self, seed: int = 0) -> DecodeState:  # pylint: disable=arguments-differ

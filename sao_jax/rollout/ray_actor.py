@@ -154,7 +154,7 @@ class RolloutActor:
         stop_ids=self.task.stop_ids, max_new_tokens=cfg.rollout.max_new_tokens,
         max_seq_len=cfg.model.max_seq_len, seed=self.seed,
         kv_on_update=cfg.rollout.get("kv_on_update", "keep"), env_workers=self.env_workers,
-        stop_strings=self.task.stop_strings)
+        stop_strings=self.task.stop_strings, decode_steps=cfg.rollout.get("decode_steps", 1))
 
     def run():
       try:

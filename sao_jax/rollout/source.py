@@ -160,7 +160,7 @@ class ThreadSource:
                staleness_policy: str = "none", max_staleness: int = -1,
                kv_on_update: str = "keep", env_workers: int = 0, seed: int = 0,
                lockstep: bool = False, lockstep_delay: int = 0, run_dir: str = "",
-               stop_strings=()):
+               stop_strings=(), decode_steps: int = 1):
     staleness.check_policy(staleness_policy, max_staleness)
     if lockstep_delay and not lockstep or lockstep_delay < 0:
       raise ValueError(f"rollout.lockstep_delay={lockstep_delay} needs rollout.lockstep=True and "
@@ -171,7 +171,7 @@ class ThreadSource:
     self.group_size, self.batch_size, self.run_dir = group_size, batch_size, run_dir
     self.lockstep, self.seed, self.temperature = lockstep, seed, temperature
     self._gen = dict(stop_ids=stop_ids, max_new_tokens=max_new_tokens, max_seq_len=max_seq_len,
-                     stop_strings=tuple(stop_strings))
+                     stop_strings=tuple(stop_strings), decode_steps=int(decode_steps))
     self.weights = WeightStore(params, version=version)
     self.drop_eta = max_staleness if "drop" in staleness_policy else -1
     self.admission = (staleness.AdmissionControl(max_staleness, batch_size)
@@ -269,6 +269,7 @@ class ThreadSource:
             "rollout_env_wait_s": s.env_wait_s, "rollout_sink_s": self.worker.sink_s_now(),
             "rollout_trajectories": float(s.trajectories), "rollout_idle_s": s.idle_s,
             "rollout_generate_steps": float(s.generate_steps),
+            "rollout_tokens_discarded": float(s.tokens_discarded),
             "rollout_slot_occupancy": s.decode_slot_steps / max(1, s.generate_steps * slots),
             "env_errors_total": float(s.env_errors),
             "dropped_stale": float(len(self.lengths.dropped)),

@@ -99,6 +99,7 @@ class WorkerStats:
   weight_updates: int = 0
   kv_recomputes: int = 0
   admission_waits: int = 0
+  tokens_discarded: int = 0  # decoded past a turn's end within a generate_steps call
 
 
 class RolloutWorker:
@@ -122,19 +123,28 @@ class RolloutWorker:
     admission: optional shared ``AdmissionControl`` (staleness admission rule).
     env_workers: 0 = call ``env.step`` inline (blocks every slot); N > 0 = run it on N threads
       while the other slots keep decoding (module doc).
+    decode_steps: tokens per slot per engine call (``engine.generate_steps``): the host reads
+      the tokens, checks stops and routes turns once per call. A slot whose turn ends part-way
+      discards the rest of the call's tokens for it (``stats.tokens_discarded``); weights are
+      picked up between calls. 1 = one token per call.
 
-  Raises ValueError for an unknown ``kv_on_update`` or ``env_workers < 0``.
+  Raises ValueError for an unknown ``kv_on_update``, ``env_workers < 0`` or ``decode_steps < 1``.
   """
 
   def __init__(self, engine: SAOEngine, env, problems: Iterator, sink: Callable[[Trajectory], bool],
                weights: WeightStore, *, stop_ids, max_new_tokens: int, max_seq_len: int,
                temperature: Optional[float] = None, seed: int = 0, kv_on_update: str = "keep",
                stop_strings=(), max_turns: Optional[int] = None,
-               admission: Optional[AdmissionControl] = None, env_workers: int = 0):
+               admission: Optional[AdmissionControl] = None, env_workers: int = 0,
+               decode_steps: int = 1):
     if kv_on_update not in ("keep", "recompute"):
       raise ValueError(f"rollout.kv_on_update={kv_on_update!r}; use 'keep' or 'recompute'.")
     if env_workers < 0:
       raise ValueError(f"env_workers={env_workers} must be >= 0 (0 = inline env.step).")
+    if decode_steps < 1:
+      raise ValueError(f"rollout.decode_steps={decode_steps} must be >= 1 (tokens per engine "
+                       "call; 1 = one step per call).")
+    self.decode_steps = int(decode_steps)
     self.kv_on_update = kv_on_update
     self.stop_strings = tuple(stop_strings)
     self.max_turns = max_turns
@@ -168,39 +178,68 @@ class RolloutWorker:
     self.stats.prefill_s += time.perf_counter() - t0
     return out
 
-  def _admit(self, i: int) -> bool:
+  def _next_slot(self) -> Optional[_Slot]:
+    """The next problem as a fresh ``_Slot`` (not yet prefilled), or None when admission control
+    says wait, the source has nothing right now, or it is exhausted."""
     if self.admission is not None and not self.admission.try_start(self.version):
       self.stats.admission_waits += 1
-      return False
+      return None
     try:
       problem = next(self.problems)
     except StopIteration:
       self.exhausted = True
       if self.admission is not None:
         self.admission.finish(accepted=False)
-      return False
+      return None
     if problem is None:  # a gated source has nothing to hand out now (grpo_sync barrier)
       self.waiting = True
-      return False
+      return None
     position = -1
     if isinstance(problem, Handout):  # from the prompt ledger: the position travels along
       problem, position = problem.problem, problem.position
-    self._sync_weights()  # a new prompt starts on the newest weights
     prompt = list(self.env.prompt_ids(problem))
     if len(prompt) >= self.max_seq_len:
       raise ValueError(f"prompt of {len(prompt)} tokens for problem {getattr(problem, 'id', '?')} "
                        f"does not fit model.max_seq_len={self.max_seq_len}; raise it.")
     n = len(prompt)
-    slot = _Slot(problem, prompt, [0.0] * n, [0.0] * n, [-1] * n, turn_start=n,
+    return _Slot(problem, prompt, [0.0] * n, [0.0] * n, [-1] * n, turn_start=n,
                  t_start=time.time(), position=position)
-    prefix = self._prefill(prompt)
-    self.state = self.engine.insert(prefix, self.state, i)
-    self.slots[i] = slot
-    self._on_token(i, int(prefix.token), float(prefix.logprob))
-    return True
 
-  def _on_token(self, i: int, token: int, logprob: float) -> None:
-    """Records a sampled token for slot i; ends the turn when due (may recurse via prefill)."""
+  def _admit_free_slots(self) -> int:
+    """Fills every free slot it can with a new prompt, all prefilled in one batched engine call
+    (``engine.prefill_insert``) on the newest weights, then records each first token. Returns
+    the number admitted."""
+    self._sync_weights()  # new prompts start on the newest weights
+    admitted = []
+    for i in range(len(self.slots)):
+      if self.slots[i] is not None or self.exhausted or self.waiting:
+        continue
+      slot = self._next_slot()
+      if slot is None:
+        break
+      admitted.append((i, slot))
+    if not admitted:
+      return 0
+    t0 = time.perf_counter()
+    self.state, tokens, logprobs = self.engine.prefill_insert(
+        self.params, self.state, [i for i, _ in admitted], [s.tokens for _, s in admitted],
+        temperature=self.temperature)
+    self.stats.prefill_s += time.perf_counter() - t0
+    for (i, slot), token, logprob in zip(admitted, tokens, logprobs):
+      self.slots[i] = slot
+      self._on_token(i, int(token), float(logprob))
+    return len(admitted)
+
+  def _slot_prefix(self, i: int):
+    """Slot i's cache as a prefix at its true length (every token but the last sampled one is
+    cached): the decode state may have run past it within a ``generate_steps`` call."""
+    s = self.slots[i]
+    return self.engine.slot_prefix(self.state, i, length=len(s.tokens) - 1, token=s.tokens[-1])
+
+  def _on_token(self, i: int, token: int, logprob: float) -> bool:
+    """Records a sampled token for slot i; ends the turn when due (may recurse via prefill).
+    Returns True when the slot goes on decoding the same turn (its next token in a
+    ``generate_steps`` call is valid), False when the turn ended here."""
     s = self.slots[i]
     s.tokens.append(token)
     s.action_mask.append(1.0)
@@ -214,18 +253,19 @@ class RolloutWorker:
       text = self.engine.tokenizer.decode(s.tokens[s.turn_start:])
       by_string = ended = any(text.endswith(x) for x in self.stop_strings)
     if not (ended or turn_len >= self.max_new_tokens or len(s.tokens) >= self.max_seq_len):
-      return
+      return True
     if self._env_pool is not None:  # off the decode loop: the other slots keep decoding
       self._pending[i] = _PendingEnv(
           self._env_pool.submit(self._env_step, s.problem, s.turn, s.tokens[s.turn_start:]),
-          token, ended, by_string, self.engine.slot_prefix(self.state, i))
-      return
+          token, ended, by_string, self._slot_prefix(i))
+      return False
     try:
       step = self._env_step(s.problem, s.turn, s.tokens[s.turn_start:])
     except Exception as e:  # a failing env/reward must not kill the run: record and go on
       self._env_failed(i, e)
-      return
+      return False
     self._after_env(i, step, token, ended, by_string)
+    return False
 
   def _env_step(self, problem, turn, action):
     t0 = time.perf_counter()
@@ -301,7 +341,8 @@ class RolloutWorker:
     s.versions.extend([-1] * len(obs))
     s.turn_start = len(s.tokens)
     if prefix is None:
-      prefix = self.engine.slot_prefix(self.state, i)
+      prefix = self.engine.slot_prefix(self.state, i, length=len(s.tokens) - len(obs) - 1,
+                                       token=token)
     prefix = self._prefill([token] + obs, prefix=prefix)
     self.state = self.engine.insert(prefix, self.state, i)
     self._on_token(i, int(prefix.token), float(prefix.logprob))
@@ -368,10 +409,9 @@ class RolloutWorker:
     self._sync_weights()
     self._collect_env(block=False)
     self.waiting = False
-    for i in range(len(self.slots)):
-      while self.slots[i] is None and not self.exhausted and not self.waiting:
-        if not self._admit(i):
-          break
+    while None in self.slots and not self.exhausted and not self.waiting:
+      if not self._admit_free_slots():  # again: a first token can end a turn and free its slot
+        break
     decoding = [i for i, s in enumerate(self.slots) if s is not None and i not in self._pending]
     if not decoding:
       if self._pending:  # every running slot waits on its env.step
@@ -382,15 +422,18 @@ class RolloutWorker:
         self.stats.idle_s += 0.002
       return not self.exhausted
     t0 = time.perf_counter()
-    self.state, result = self.engine.generate(self.params, self.state, self.temperature)
-    tokens = np.asarray(result.data[:, 0])
-    logprobs = np.asarray(result.logprobs[:, 0])
+    n = self.decode_steps
+    self.state, tokens, logprobs = self.engine.generate_steps(self.params, self.state, n,
+                                                              self.temperature)
     self.stats.generate_s += time.perf_counter() - t0
-    self.stats.generate_steps += 1
-    self.stats.decode_slot_steps += len(decoding)
-    self.stats.env_slot_steps += len(self._pending)
+    self.stats.generate_steps += n
+    self.stats.decode_slot_steps += n * len(decoding)
+    self.stats.env_slot_steps += n * len(self._pending)
     for i in decoding:
-      self._on_token(i, int(tokens[i]), float(logprobs[i]))
+      for j in range(n):
+        if not self._on_token(i, int(tokens[i, j]), float(logprobs[i, j])):
+          self.stats.tokens_discarded += n - 1 - j
+          break
     return True
 
   def run(self, stop: Optional[threading.Event] = None) -> None:
@@ -431,8 +474,9 @@ def env_workers_for(config) -> int:
 def generate_trajectories(engine: SAOEngine, env, params, problems, *, stop_ids,
                           max_new_tokens: int, max_seq_len: int, temperature: float,
                           version: int = 0, seed: int = 0, stop_strings=(),
-                          env_workers: int = 0) -> list[Trajectory]:
-  """Synchronously rolls out every problem once (e.g. greedy evaluation, temperature=0).
+                          env_workers: int = 0, decode_steps: int = 1) -> list[Trajectory]:
+  """Synchronously rolls out every problem once (e.g. greedy evaluation, temperature=0);
+  ``decode_steps``: ``RolloutWorker``'s.
 
   Returns the trajectories in the order of ``problems``."""
   out: list[Trajectory] = []
@@ -440,7 +484,7 @@ def generate_trajectories(engine: SAOEngine, env, params, problems, *, stop_ids,
                          WeightStore(params, version), stop_ids=stop_ids,
                          max_new_tokens=max_new_tokens, max_seq_len=max_seq_len,
                          temperature=temperature, seed=seed, stop_strings=stop_strings,
-                         env_workers=env_workers)
+                         env_workers=env_workers, decode_steps=decode_steps)
   worker.run()
   order = {getattr(p, "id", i): i for i, p in enumerate(problems)}
   return sorted(out, key=lambda t: order.get(t.problem_id, 0))

@@ -149,7 +149,7 @@ def make_source(config, task, policy: Policy, params, version: int, ledger: Prom
       kv_on_update=config.rollout.kv_on_update, env_workers=env_workers,
       seed=seed, lockstep=config.rollout.lockstep,
       lockstep_delay=config.rollout.lockstep_delay, run_dir=run_dir,
-      stop_strings=task.stop_strings)
+      stop_strings=task.stop_strings, decode_steps=config.rollout.decode_steps)
 
 
 def evaluate(engine, task, params, problems, config, version: int = 0) -> dict:
@@ -159,7 +159,8 @@ def evaluate(engine, task, params, problems, config, version: int = 0) -> dict:
                                 max_new_tokens=config.rollout.max_new_tokens,
                                 max_seq_len=config.model.max_seq_len, temperature=0.0,
                                 version=version, stop_strings=task.stop_strings,
-                                env_workers=env_workers_for(config))
+                                env_workers=env_workers_for(config),
+                                decode_steps=config.rollout.decode_steps)
   rewards = np.array([t.reward for t in trajs], np.float64)
   return {"accuracy": float(rewards.mean()) if rewards.size else 0.0,
           "tool_use": float(np.mean([t.info.get("tool_calls", 0) > 0 for t in trajs])),

@@ -48,6 +48,7 @@ EXTRA_KEYS: dict[str, tuple] = {
     "task.tool_output_chars": (int,),  # tir_math: observation cut (characters)
     "task.train_file": (str,),
     "task.switch_every": (int,),  # style_switch: policy steps per preferred-style phase
+    "task.style_base": (str,),  # style_switch: the wrapped task (arith_tool, chain_tool)
     "task.max_operand": (int,),  # chat_arith: largest operand
     "train.max_consecutive_nonfinite": (int,),
     "rollout.env_timeout_s": (int, float),
@@ -346,7 +347,7 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
               f"use a multiple of {num_devices}"))
   for k in ("model.d_model", "model.n_layers", "model.n_heads", "model.head_dim", "model.d_ff",
             "model.max_seq_len", "rollout.slots", "rollout.max_new_tokens",
-            "rollout.max_prefill_length", "rollout.queue_size", "eval.slots",
+            "rollout.max_prefill_length", "rollout.queue_size", "rollout.decode_steps", "eval.slots",
             "eval.periodic_problems", "sft.batch_size", "task.n_train", "task.n_eval"):
     r.append((k, lambda v: v >= 1, "must be >= 1", "use a positive integer"))
   return r
