@@ -8,10 +8,7 @@ from typing import Any, Optional
 import numpy as np
 from sao_jax.data.tokenizer import CharTokenizer
 from sao_jax import pretrained
-from sao_jax.envs import arith_tool
-from sao_jax.envs import chain_tool
-from sao_jax.envs import chat_arith
-from sao_jax.envs import arith_tool, style_switch
+from sao_jax.envs import arith_tool, chain_tool, chat_arith, style_switch
 from sao_jax.data import jsonl
 from sao_jax.envs.math_env import MathEnv
 from sao_jax.envs.chat_math import ChatMathEnv
@@ -39,7 +36,7 @@ class Task:
 
 def make_task(config) -> Task:
   """``config.task.name``: "arith_tool" (CPU tool-use task), "chain_tool" (3-5 chained tool
-  calls, ``sao_jax/envs/chain_tool.py``), "style_switch" (online style task), "math" (JSONL
+  calls, ``sao_jax/envs/chain_tool.py``), "style_switch" (online style task over ``task.style_base``, "arith_tool" or "chain_tool"), "math" (JSONL
   benchmark files, single turn), "chat_arith" (small-number sums for a chat model,
   ``sao_jax/envs/chat_arith.py``) or "tir_math" (JSONL files, multi-turn with the sandboxed Python
   tool: ``sao_jax/envs/tir_math.py``; ``task.train_file`` is a comma-separated list of files or
@@ -79,15 +76,19 @@ def make_task(config) -> Task:
                                         reliable_calls=config.sft.get("reliable_calls", 3))
     return Task(tok, env, train, evals, tuple(tok.stop_ids), demos, eval_env)
   if name == "style_switch":  # online-learning task (experiments/online_style.py)
-    train = arith_tool.make_problems(config.task.n_train, seed=config.seed, split="train")
-    evals = arith_tool.make_problems(config.task.n_eval, seed=config.seed, split="eval")
+    base_name = config.task.get("style_base", "arith_tool")
+    if base_name not in ("arith_tool", "chain_tool"):
+      raise ValueError(f"task.style_base={base_name!r}: the style task wraps 'arith_tool' or "
+                       "'chain_tool'")
+    base_config = config.copy_and_resolve_references()
+    base_config.task.name = base_name
+    base = make_task(base_config)
     env = style_switch.StyleSwitchEnv(
-        tok, max_turns=config.task.max_turns,
-        switch_every_episodes=config.task.get("switch_every", 20) * config.train.batch_size)
-    demos = style_switch.make_sft_dataset(train[:config.sft.num_demos], p_tool=config.sft.p_tool,
-                                          seed=config.seed, tokenizer=tok,
-                                          p_guess_correct=config.sft.p_guess_correct)
-    return Task(tok, env, train, evals, tuple(tok.stop_ids), demos)
+        base.env, switch_every_episodes=config.task.get("switch_every", 20) *
+        config.train.batch_size)
+    # greedy evaluation grades correctness only (the base env) and leaves the phase counter alone
+    return dataclasses.replace(base, env=env, eval_env=base.eval_env or base.env,
+                               sft_demos=style_switch.add_styles(base.sft_demos, config.seed, tok))
   if name == "math":
 
     def load(f):

@@ -16,7 +16,7 @@ import common  # noqa: E402
 import online_style  # noqa: E402
 import stability  # noqa: E402
 from sao_jax.data.tokenizer import CharTokenizer  # noqa: E402
-from sao_jax.envs import arith_tool, style_switch  # noqa: E402
+from sao_jax.envs import arith_tool, chain_tool, style_switch  # noqa: E402
 
 
 def _check_outputs(out, experiment, arms, metrics, lo=-np.inf, hi=np.inf, section=None):
@@ -69,7 +69,8 @@ def test_sync_async_simulation_hand_worked():
 
 def test_style_switch_env_rewards_only_the_current_style():
   tok = CharTokenizer()
-  env = style_switch.StyleSwitchEnv(tok, max_turns=3, switch_every_episodes=2)
+  env = style_switch.StyleSwitchEnv(arith_tool.ArithToolEnv(tok, max_turns=3),
+                                   switch_every_episodes=2)
   p = arith_tool.make_problems(1)[0]
   got = []
   for style in ("", "!", "!", "~", "~", ""):
@@ -81,8 +82,35 @@ def test_style_switch_env_rewards_only_the_current_style():
   assert wrong.reward == 0.0 and wrong.info["correct"] == 0.0
 
 
+def test_style_task_over_chain_tool_styles_demos_and_grades_eval_without_style():
+  """task.style_base=chain_tool: the demos are chain_tool's plus one style character each (all
+  three styles present), the training env wraps ChainToolEnv, and the eval env is the base env
+  (correctness only, it does not advance the phase counter)."""
+  from sao_jax import configs, tasks  # pylint: disable=import-outside-toplevel
+  c = configs.load("chain_tool")
+  c.task.name, c.task.style_base, c.task.n_train, c.sft.num_demos = "style_switch", "chain_tool", 60, 60
+  t = tasks.make_task(c)
+  base = configs.load("chain_tool")
+  base.task.n_train, base.sft.num_demos = 60, 60
+  plain = tasks.make_task(base).sft_demos
+  tok = t.tokenizer
+  seen = set()
+  for (ids, mask), (pids, pmask) in zip(t.sft_demos, plain):
+    extra = ids[len(pids) - 1:-1]
+    assert ids[:len(pids) - 1] == pids[:-1] and ids[-1] == tok.eos_id
+    assert mask == pmask[:-1] + [1] * len(extra) + pmask[-1:]
+    seen.add(tok.decode(extra))
+  assert seen == set(style_switch.STYLES)
+  assert isinstance(t.env.base, chain_tool.ChainToolEnv) and t.eval_env is t.env.base
+  p = t.train_problems[0]
+  ids = tok.encode("\\boxed{" + p.answer + "}!") + [tok.eos_id]
+  assert t.eval_env.step(p, 0, ids).reward == 1.0 and t.env.episodes == 0
+  st = t.env.step(p, 0, ids)  # phase 0 wants the plain style
+  assert (st.reward, st.info["correct"], st.info["style"], t.env.episodes) == (0.0, 1.0, 1, 1)
+
+
 def test_online_lag_and_switch_steps_hand_worked():
-  assert online_style.switch_steps(10, 8, 16, 3) == [1, 4, 7, 10]
+  assert online_style.phase_starts(45, 15) == [16, 31] and online_style.phase_starts(7, 3) == [4, 7]
   steps = np.arange(1, 9)
   r = np.array([0, 0, 1, 1, 1, 0, 0, 1], float)
   # phase [1, 5): moving avg 0, .33, .67, 1 -> best 1, 80% reached at step 4 -> lag 3
@@ -107,7 +135,7 @@ def test_stability_collapse_rule():
 def test_throughput_quick(tmp_path):
   async_throughput.run(True, str(tmp_path))
   rows = _check_outputs(str(tmp_path), "async_throughput",
-                        ["lognormal/sync", "lognormal/async", "arith_demo/sync"],
+                        ["lognormal/sync", "lognormal/async", "chain_demo/sync"],
                         ["trainer_idle_frac", "rollout_idle_frac"], 0.0, 1.0)
   thr = {(r["arm"], r["seed"]): r["value"] for r in rows
          if r["metric"] == "traj_per_ktick" and r["step"] == 20}

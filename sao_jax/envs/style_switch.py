@@ -1,5 +1,5 @@
-r"""Online-learning task (paper §4.5 analogue): the tool-integrated arithmetic task whose
-*preferred output style* switches between phases, like the paper's cute -> chuunibyou ->
+r"""Online-learning task (paper §4.5 analogue): a tool-use task (``task.style_base``:
+``arith_tool`` or ``chain_tool``) whose *preferred output style* switches between phases, like the paper's cute -> chuunibyou ->
 classical persona switch.
 
 Styles are the character right after the final ``\boxed{...}``: ``STYLES = ("", "!", "~")``
@@ -11,8 +11,13 @@ episodes (the rollout worker is asynchronous, so the phase follows *generated* e
 a little ahead of the trainer's policy steps; with ``switch_every_episodes = N * batch_size`` the
 phase switches about every N policy steps). Preferred style of phase p: ``STYLES[p % 3]``.
 
-The warm-up demonstrations use the tool (w.p. ``p_tool``) and a uniformly random style, so the
-warm-started policy writes each style about a third of the time.
+The warm-up demonstrations are the base task's with a uniformly random style (``add_styles``), so
+the warm-started policy writes each style about a third of the time. Once one style is rewarded,
+RL drives the others' probability towards 0 and nothing can bring them back when the preference
+switches (measured on ``arith_tool``, 2026-11-29: after phase 0 no run ever earned a reward
+again). ``experiments/online_style.py`` therefore keeps the k3 KL to the warm-started policy on
+(``train.kl_coef``): as a loss on sampled tokens its gradient is that of the forward KL(pi_ref ||
+pi), which is mass-covering, so every style keeps a floor of probability (module doc there).
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ from typing import Sequence
 import numpy as np
 
 from sao_jax.data.jsonl import Problem
-from sao_jax.envs import arith_tool
 from sao_jax.envs.base import EnvStep
 
 STYLES: tuple[str, ...] = ("", "!", "~")
@@ -39,49 +43,67 @@ def style_of(text: str) -> int:
   return STYLES.index(tail) if tail in STYLES else -1
 
 
-class StyleSwitchEnv(arith_tool.ArithToolEnv):
-  """``ArithToolEnv`` whose final reward also requires the current phase's style (module doc).
+class StyleSwitchEnv:
+  """Wraps a tool-use environment (``ArithToolEnv``, ``ChainToolEnv``) so that the final reward
+  also requires the current phase's style (module doc); every other attribute and method is the
+  wrapped env's.
 
-  Args: tokenizer (CharTokenizer), max_turns, switch_every_episodes (int > 0: episodes per
-  phase). Raises ValueError for switch_every_episodes < 1."""
+  Args: env (the base environment: ``step(problem, turn, action_ids) -> EnvStep`` whose final
+  ``info`` carries no style), switch_every_episodes (int > 0: completed episodes per phase).
+  Final-step ``info`` adds ``style`` (index into ``STYLES``, -1 = none), ``phase`` and
+  ``correct`` (the base env's 0/1 reward). Raises ValueError for switch_every_episodes < 1."""
 
-  def __init__(self, tokenizer, max_turns: int = 3, switch_every_episodes: int = 256):
-    super().__init__(tokenizer, max_turns=max_turns)
+  def __init__(self, env, switch_every_episodes: int = 256):
     if switch_every_episodes < 1:
       raise ValueError(f"task.switch_every must be >= 1 (policy steps per phase), got "
                        f"switch_every_episodes={switch_every_episodes}")
+    self.base = env
     self.switch_every_episodes = int(switch_every_episodes)
     self._lock = threading.Lock()
     self.episodes = 0
+
+  def __getattr__(self, name):  # prompt_ids, tokenizer, max_turns, ... are the base env's
+    if name == "base":
+      raise AttributeError(name)
+    return getattr(self.base, name)
+
+  def reset_phase_clock(self) -> None:
+    """Restarts phase 0 (episodes = 0); the loop calls it after value pre-training, so the
+    schedule counts policy-step episodes for arms with and without a critic alike."""
+    with self._lock:
+      self.episodes = 0
 
   def phase(self) -> int:
     """Current phase (0, 1, 2, 3, ...); the preferred style is ``STYLES[phase % 3]``."""
     return self.episodes // self.switch_every_episodes
 
   def step(self, problem: Problem, turn: int, action_ids: Sequence[int]) -> EnvStep:
-    st = super().step(problem, turn, action_ids)
+    st = self.base.step(problem, turn, action_ids)
     if not st.done:
       return st
     with self._lock:
       phase = self.phase()
       self.episodes += 1
-    text = self.tokenizer.decode([int(t) for t in action_ids], skip_special=True)
+    text = self.base.tokenizer.decode([int(t) for t in action_ids], skip_special=True)
     style = style_of(text)
     info = dict(st.info, style=style, phase=phase, correct=st.reward)
     reward = float(st.reward) * float(style == phase % len(STYLES))
     return EnvStep(observation_ids=st.observation_ids, done=True, reward=reward, info=info)
 
 
-def make_sft_dataset(problems: Sequence[Problem], p_tool: float, seed: int, tokenizer,
-                     p_guess_correct: float = 0.1) -> list[tuple[list[int], list[int]]]:
-  """Arith demos (``arith_tool.make_demo``) with a uniformly random style character inserted
-  before the final ``<eos>`` (trained on: loss mask 1)."""
-  rng = np.random.default_rng(seed)
+def add_styles(demos: Sequence[tuple[list[int], list[int]]], seed: int, tokenizer
+               ) -> list[tuple[list[int], list[int]]]:
+  """The base task's demonstrations ``(ids, loss_mask)``, each ending in ``<eos>``, with a
+  uniformly random style string inserted before that ``<eos>`` (loss mask 1), so the warm-started
+  policy writes each style about a third of the time. Raises ValueError for a demo that does not
+  end in ``tokenizer.eos_id``."""
+  rng = np.random.default_rng([seed, 7])
   out = []
-  for problem in problems:
-    ids, mask = arith_tool.make_demo(problem, bool(rng.random() < p_tool), rng, tokenizer,
-                                     p_guess_correct)
-    style = STYLES[int(rng.integers(len(STYLES)))]
-    extra = tokenizer.encode(style)
-    out.append((ids[:-1] + extra + ids[-1:], mask[:-1] + [1] * len(extra) + mask[-1:]))
+  for ids, mask in demos:
+    if not ids or ids[-1] != tokenizer.eos_id:
+      raise ValueError("style_switch: every base demonstration must end in <eos>; got one "
+                       f"ending in token {ids[-1] if ids else None}")
+    extra = tokenizer.encode(STYLES[int(rng.integers(len(STYLES)))])
+    out.append((list(ids[:-1]) + extra + list(ids[-1:]),
+                list(mask[:-1]) + [1] * len(extra) + list(mask[-1:])))
   return out

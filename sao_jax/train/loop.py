@@ -31,7 +31,12 @@ CONSOLE_KEYS = ("reward_mean", "eval_accuracy", "masked_fraction", "ratio_max", 
 
 
 def _trajectory_metrics(trajs) -> dict[str, float]:
-  return {"response_tokens_mean": float(np.mean([t.num_action_tokens for t in trajs])),
+  out = {}
+  if any("style" in t.info for t in trajs):  # style_switch: which style the batch wrote
+    styles = np.array([t.info.get("style", -1) for t in trajs])
+    out = {f"style{k}_fraction": float(np.mean(styles == k)) for k in range(3)}
+    out["correct_mean"] = float(np.mean([t.info.get("correct", 0.0) for t in trajs]))
+  return out | {"response_tokens_mean": float(np.mean([t.num_action_tokens for t in trajs])),
           "tool_use": float(np.mean([t.info.get("tool_calls", 0) > 0 for t in trajs])),
           "failed": float(sum(bool(t.info.get("failed")) for t in trajs)),
           "traj_t_start_min": min(t.t_start for t in trajs),
@@ -92,7 +97,7 @@ def run(config) -> dict[str, Any]:
   source = setup.make_source(config, task, policy, learner.policy_params(), version, ledger,
                              learner.spec, start_step=start_step, run_dir=run_dir)
   local_batch = tcfg.batch_size // jax.process_count()
-  progress = Progress(tcfg.num_steps, desc="SAO steps", mode=config.log.progress)
+  progress = Progress(tcfg.num_steps, desc=f"{tcfg.mode} steps", mode=config.log.progress)
   logger = make_metric_writer(
       run_dir, console_keys=CONSOLE_KEYS, tensorboard=config.log.tensorboard,
       stream=progress.stream, wandb_project=config.log.wandb_project or None,
@@ -104,6 +109,8 @@ def run(config) -> dict[str, Any]:
       # value pre-training on rollouts of the starting policy (no policy update)
       batch, micro = learner.batch(source.take(local_batch, version))
       logger.log(i, learner.critic_only_step(batch, micro), prefix="critic_warmup/")
+    if hasattr(task.env, "reset_phase_clock"):  # style_switch: phase 0 starts with policy step 1
+      task.env.reset_phase_clock()  # (thread backend; Ray workers hold their own env copies)
     for step in range(start_step + 1, tcfg.num_steps + 1):
       trajs = source.take(local_batch, version)
       t0, step_t_begin = time.perf_counter(), time.time()

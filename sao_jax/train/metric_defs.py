@@ -39,6 +39,11 @@ METRICS: dict[str, MetricDef] = {
                         "eval on the first `eval.periodic_problems`; `final/` = all of them)"),
     "eval_tool_use": _m("fraction", "outcome", "fraction of held-out trajectories that called "
                         "the tool at least once"),
+    **{f"style{k}_fraction": _m("fraction", "outcome", f"style_switch: fraction of the batch "
+                                f"ending in style {k} (envs/style_switch.py STYLES[{k}])")
+       for k in range(3)},
+    "correct_mean": _m("fraction", "outcome", "style_switch: fraction of the batch whose answer "
+                       "is correct, whatever its style"),
     "tool_use": _m("fraction", "outcome", "fraction of the batch's trajectories that called the "
                    "tool at least once"),
     "response_tokens_mean": _m("tokens", "outcome", "mean action (policy-sampled) tokens per "
@@ -111,8 +116,12 @@ METRICS: dict[str, MetricDef] = {
                          "admit (grpo_sync barrier, staleness admission control)"),
     "rollout_trajectories": _m("trajectories", "throughput", "cumulative trajectories the "
                                "rollout worker finished (handed to the queue) since the start"),
-    "rollout_generate_steps": _m("steps", "throughput", "cumulative generate() calls of the "
-                                 "rollout engine since the start"),
+    "rollout_generate_steps": _m("steps", "throughput", "cumulative decode steps of the "
+                                 "rollout engine since the start (`rollout.decode_steps` per "
+                                 "engine call)"),
+    "rollout_tokens_discarded": _m("tokens", "throughput", "cumulative tokens decoded past the "
+                                   "end of a turn within one engine call and thrown away "
+                                   "(`rollout.decode_steps` > 1)"),
     "rollout_slot_occupancy": _m("fraction", "throughput", "decoding slots / all slots, averaged "
                                  "over the generate steps since the start (slots that wait on "
                                  "their env or are empty do not count)"),
