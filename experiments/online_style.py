@@ -1,15 +1,29 @@
 """Claim 3 (online learning, paper §4.5): the preferred output style switches every N policy
-steps (``sao_jax/envs/style_switch.py``: plain -> "!" -> "~" after the final box, like the paper's
-cute -> chuunibyou -> classical); SAO vs a running-mean baseline over the last 128 rewards
-(``train.advantage_estimator=running_mean_global``). Training reward (correct AND in the current
-style) is the online performance measure.
+steps (``sao_jax/envs/style_switch.py`` over ``configs/chain_tool.py``: plain -> "!" -> "~" after
+the final box, like the paper's cute -> chuunibyou -> classical); SAO vs a running-mean baseline
+over the last 128 rewards (``train.advantage_estimator=running_mean_global``), both at the same
+fixed rollout delay (``training_claims.fixed_delay(4)``). Training reward (correct AND in the
+current style) is the online performance measure; ``correct_mean`` and ``style{k}_fraction`` say
+which half of it moved.
+
+Exploration fix (chosen before the runs, 2026-12-01): on the old task no run ever earned a reward
+after phase 0 -- the warm start writes each style a third of the time, phase 0's reward drives
+the other styles' probability to ~0, and a style that is never sampled cannot be rewarded. Both
+arms therefore keep the k3 KL to the warm-started policy, ``train.kl_coef = KL_COEF``. Used as a
+loss on sampled tokens its gradient is that of the forward KL(pi_ref || pi) (mass-covering), so at
+the style token the stationary point of  E[A] - beta KL(pi_ref || pi)  over a softmax gives each
+unrewarded style  pi_o = (beta / 3) / (beta + c pi_p)  (c: the correct rate, pi_p: the preferred
+style's probability): with beta = 0.1, c = 0.4 about 0.07, i.e. ~2 of a batch of 32 -- enough for
+a switch to be noticed, small enough not to hold back the correctness the reward also needs.
 
 Adaptation lag (defined before running): for each phase k >= 1 starting at policy step s_k, the
 number of steps from s_k until the reward (3-step moving average) first reaches 80% of that
-phase's best (3-step moving average) reward; phases whose best is < 0.1 count as "never".
-s_k is the step at which the env's episode counter (train episodes consumed + the before-eval
-episodes) crosses k * N * batch_size; the asynchronous worker runs ahead of the trainer by at
-most the queue, so the real switch can be up to a few steps earlier (same for both arms).
+phase's best (3-step moving average) reward; phases whose best is < 0.1 count as "never". The
+phase counter counts completed training episodes from the first policy step (the loop restarts
+it after value pre-training, ``StyleSwitchEnv.reset_phase_clock``); under the lockstep rollout each
+step's batch is generated during that step, so phase k is exactly steps k N + 1 .. (k + 1) N
+(``phase_starts``). Those batches are sampled with the weights of 4 versions earlier (the delay),
+so the lag includes the pipeline's delay, the same for both arms.
 
 ``python experiments/online_style.py`` (full) / ``--quick``.
 """
@@ -27,35 +41,37 @@ import training_claims as tc  # noqa: E402  pylint: disable=wrong-import-positio
 
 EXPERIMENT = "online_style"
 TITLE = "3. Online learning: preferred style switches every N steps"
+KL_COEF = 0.1  # the exploration fix (module doc), both arms
+DELAY = 4      # the staleness control, both arms
 ARMS = (
     common.Arm("sao", {}),
     common.Arm("running_mean_128", {"train.advantage_estimator": "running_mean_global",
                                     "train.global_baseline_window": 128}),
 )
+STYLE_NAMES = ("plain", "!", "~")
 QUICK_ARMS = ("running_mean_128",)  # quick: one run (~1 min)
-SWITCH_FULL, SWITCH_QUICK = 20, 1
-BASE_FULL = {"task.name": "style_switch", "sft.p_tool": 0.9, "train.num_steps": 60,
-             "eval.every_steps": 0}
-BASE_QUICK = {"task.name": "style_switch", "sft.p_tool": 0.9, "train.num_steps": 3,
-              "eval.every_steps": 0}
+SWITCH_FULL, SWITCH_QUICK = 15, 1
+_STYLE = {"task.name": "style_switch", "train.kl_coef": KL_COEF, "eval.every_steps": 0,
+          **tc.fixed_delay(DELAY)}
+BASE_FULL = {**_STYLE, "train.num_steps": 45}   # phases: steps 1-15, 16-30, 31-45
+BASE_QUICK = {**_STYLE, "train.num_steps": 3}
 
 
 def online_config(quick: bool):
-  """``configs/arith_tool.py`` (``:smoke`` when quick) plus the ``task.switch_every`` field."""
-  c = common.base_config(quick, "arith_tool")
+  """``configs/chain_tool.py`` (``:smoke`` when quick) plus the style task's fields
+  (``task.style_base``, ``task.switch_every``)."""
+  c = common.base_config(quick, tc.TASK)
+  c.task.style_base = tc.TASK
   c.task.switch_every = SWITCH_QUICK if quick else SWITCH_FULL
   return c
 
 
-def switch_steps(num_steps: int, batch: int, n_eval: int, switch_every: int) -> list[int]:
-  """Policy steps s_k (k >= 1) at which the phase counter crosses k * switch_every * batch."""
-  out, k = [], 1
-  for s in range(1, num_steps + 1):
-    while n_eval + s * batch >= k * switch_every * batch:
-      if k * switch_every * batch > n_eval:
-        out.append(s)
-      k += 1
-  return out
+def phase_starts(num_steps: int, switch_every: int) -> list[int]:
+  """First policy step s_k = k * switch_every + 1 (k >= 1, s_k <= num_steps) whose batch is graded
+  by phase k. Exact under the lockstep rollout: each step's batch is generated during that step's
+  ``take``, after value pre-training restarted the phase clock, so the env's episode counter
+  reaches k * switch_every * batch_size at the end of step k * switch_every."""
+  return list(range(switch_every + 1, num_steps + 1, switch_every))
 
 
 def adaptation_lags(steps: np.ndarray, reward: np.ndarray, starts: list[int], end: int):
@@ -82,17 +98,23 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
   base = BASE_QUICK if quick else BASE_FULL
   arms = [a for a in ARMS if a.name in QUICK_ARMS] if quick else list(ARMS)
   csv_path = common.run_training_arms(EXPERIMENT, arms, seeds, quick=quick, out_dir=out_dir,
-                                      metrics=("reward_mean",) + tc.TRAIN_METRICS[2:],
+                                      metrics=("reward_mean", "correct_mean", "style0_fraction",
+                                               "style1_fraction", "style2_fraction")
+                                      + tc.TRAIN_METRICS[2:],
                                       base=base, config_fn=online_config,
                                       report_only=report_only)
   rows = common.read_rows(csv_path)
   common.plot(csv_path, os.path.join(out_dir, f"{EXPERIMENT}.png"),
               [("reward_mean", None, "reward (correct and in style)"),
+               ("correct_mean", None, "correct (any style)"),
+               ("style0_fraction", None, "style 0 (plain) fraction"),
+               ("style1_fraction", None, "style 1 (!) fraction"),
+               ("style2_fraction", None, "style 2 (~) fraction"),
                ("explained_variance", None, "explained variance")],
               title="style switches; mean and min-max over seeds")
   c = online_config(quick)
   common.apply_overrides(c, base)
-  starts = switch_steps(c.train.num_steps, c.train.batch_size, c.task.n_eval, c.task.switch_every)
+  starts = phase_starts(c.train.num_steps, c.task.switch_every)
   rew = common.curves(rows, "reward_mean")
   table = []
   for arm in arms:
@@ -117,24 +139,29 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
   verdict = ("reproduced" if sao_better else
              "inconclusive" if abs(diff) <= margin or never else "not reproduced")
   if never:
-    verdict += (" (in every run some phase never reaches reward 0.1: after phase 0 rewards the "
-                "plain style, neither arm produces the next phase's style with a correct answer "
-                "again -- most likely the tiny policy's probability of the other styles collapsed "
-                "in phase 0; the style distribution itself was not logged)")
+    verdict += " (in every run some phase never reaches reward 0.1)"
   if quick:
     verdict = "inconclusive (quick run: pipeline check only)"
-  zero_note = ""
-  if len(starts) >= 3 and all(
-      np.all(y[(x > starts[0]) & (x < starts[2])] == 0) for per in rew.values()
-      for x, y in per.values()):
-    zero_note = (f"How to read the lags: the switch step is estimated from the episode counter, "
-                 f"so the step-{starts[0]} batch still holds pre-switch trajectories (lag 0 at "
-                 f"the first switch); after it the reward of every run is exactly 0 until step "
-                 f"{starts[2]}, where the plain style of phase 0 comes back.")
+  style_rows = []
+  bounds = [1] + starts + [c.train.num_steps + 1]
+  for arm in arms:
+    cells = []
+    for k in range(len(bounds) - 1):
+      fr = common.curves(rows, f"style{k % 3}_fraction")[arm.name]
+      first, last = [], []
+      for x, y in fr.values():
+        seg = y[(x >= bounds[k]) & (x < bounds[k + 1])]
+        first.append(seg[:5].mean() if len(seg) else np.nan)
+        last.append(seg[-5:].mean() if len(seg) else np.nan)
+      cells.append(f"{np.nanmean(first):.2f} -> {np.nanmean(last):.2f}")
+    style_rows.append([arm.name] + cells)
+  ev = common.curves(rows, "explained_variance").get("sao", {})
+  ev_sao = float(np.mean([y.mean() for _, y in ev.values()])) if ev else float("nan")
   cmd = "python experiments/online_style.py" + (" --quick" if quick else "")
   body = f"""Command: `{cmd}`
 
-Setting: `configs/arith_tool.py`{':smoke' if quick else ''} with {base}, `task.switch_every` =
+Setting: `configs/{tc.TASK}.py`{':smoke' if quick else ''} with {base}, `task.style_base` =
+{tc.TASK}, `task.switch_every` =
 {c.task.switch_every} policy steps; arms {[a.name + ' ' + str(a.overrides) for a in ARMS]}; seeds
 {list(seeds)}. Phase starts (policy steps): {starts}.
 
@@ -142,19 +169,22 @@ Setting: `configs/arith_tool.py`{':smoke' if quick else ''} with {base}, `task.s
 
 Mean reward: sao {mean_rew('sao'):.3f}, running_mean_128 {mean_rew('running_mean_128'):.3f};
 mean lag: sao {mean_lag('sao'):.1f}, running_mean_128 {mean_lag('running_mean_128'):.1f} steps.
-{zero_note}
 Seed std of the mean reward: sao {std_rew('sao'):.3f}, running_mean_128
-{std_rew('running_mean_128'):.3f}. Explained variance below -1 (batches where every reward is 0
-and the returns are float noise; `explained_variance` reports 0 for those since 2026-11-29) is
-off the chart.
+{std_rew('running_mean_128'):.3f}. Per phase, mean over seeds of the fraction of the batch in the
+phase's preferred style (first 5 / last 5 steps of the phase):
+
+{common.markdown_table(["arm"] + [f"phase {k} ({STYLE_NAMES[k % 3]})" for k in range(len(starts) + 1)], style_rows)}
+
+SAO's explained variance, mean over seeds and all steps: {ev_sao:.2f} (the reward turns on the
+last token, the style, which a critic reading the prefix cannot foresee; the correct-answer part
+is what it can learn).
 
 ![online](results/{EXPERIMENT}.png)
 
 **Verdict: {verdict}** (rule: reproduced = SAO's mean reward is higher by more than 2 seed std
 (at least 0.02) and its mean lag is not longer; inconclusive = the difference is within that
-margin or a phase is never learned; otherwise not reproduced. The first full run (2026-11-29)
-was judged by a weaker rule -- higher mean reward, no longer lag -- which its 0.276 vs 0.275
-passed; the margin was added after that run, the runs themselves are unchanged.)
+margin or a phase is never learned; otherwise not reproduced; fixed before the runs. The old
+task's runs are in the section `arith_online_style`.)
 """
   common.write_section(md, EXPERIMENT, TITLE, body)
   return csv_path
@@ -162,4 +192,7 @@ passed; the margin was added after that run, the runs themselves are unchanged.)
 
 if __name__ == "__main__":
   args = common.common_argparser(__doc__).parse_args()
-  run(args.quick, args.out_dir, report_only=args.report_only)
+  try:
+    run(args.quick, args.out_dir, report_only=args.report_only)
+  except FileNotFoundError as e:  # --report_only before any run: say so, no traceback
+    sys.exit(f"error: {e}")

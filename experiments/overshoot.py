@@ -128,4 +128,7 @@ if __name__ == "__main__":
   parser.add_argument("--seeds", type=int, nargs="*", default=None,
                       help="a subset of the fixed seeds (default: all)")
   args = parser.parse_args()
-  run(args.quick, args.out_dir, report_only=args.report_only, seeds=args.seeds)
+  try:
+    run(args.quick, args.out_dir, report_only=args.report_only, seeds=args.seeds)
+  except FileNotFoundError as e:  # --report_only before any run: say so, no traceback
+    sys.exit(f"error: {e}")
