@@ -1,6 +1,6 @@
 """Pipeline: the main job (``sao_jax.train.loop.run``) under ``train.mode=sao`` vs ``grpo_sync``.
 
-    python benchmarks/bench_pipeline.py [--quick] [--json out.json] [--repeats 2]
+    python benchmarks/bench_pipeline.py [--quick] [--json out.json] [--repeats 2] [--config chain_tool]
         [--tool_latency lognormal:MEDIAN_S:SIGMA] [--backend ray --num_workers 2]
 
 Each run is a fresh subprocess (so its peak host memory, VmHWM, is its own), modes interleaved
@@ -42,7 +42,7 @@ import common  # pylint: disable=import-error
 CHILD = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
-from configs import arith_tool
+from sao_jax import configs
 from sao_jax.train import learner, loop
 caches = {}
 orig = learner.Learner.__init__
@@ -50,8 +50,8 @@ def init(self, *a, **k):
   orig(self, *a, **k)
   caches["trainer"] = self
 learner.Learner.__init__ = init
-cfg = arith_tool.get_config("smoke")
 over = json.loads(sys.argv[2])
+cfg = configs.load(over.pop("config"), "smoke")
 for key, val in over.items():
   node = cfg
   parts = key.split(".")
@@ -165,6 +165,7 @@ COLUMNS = ("mode", "steps", "rl_wall_s", "traj_per_s", "steady_traj_per_s", "tok
 def main():
   ap = common.parser(__doc__)
   ap.add_argument("--steps", type=int, default=12)
+  ap.add_argument("--config", default="arith_tool", help="configs/<name>.py (its :smoke variant)")
   ap.add_argument("--modes", default="sao,grpo_sync")
   ap.add_argument("--tool_latency", default="",
                   help="long-tailed task: lognormal:MEDIAN_S:SIGMA per tool call ('' = off)")
@@ -175,7 +176,7 @@ def main():
   median_s, sigma = parse_tool_latency(args.tool_latency)
   steps = 1 if args.quick else args.steps
   repeats = 1 if args.quick else args.repeats
-  overrides = {"train.num_steps": steps, "train.batch_size": 16, "train.group_size": 8,
+  overrides = {"config": args.config, "train.num_steps": steps, "train.batch_size": 16, "train.group_size": 8,
                "rollout.slots": 16, "sft.steps": 20, "eval.every_steps": 0,
                "checkpoint.every_steps": 0, "task.n_eval": 16, "log.tensorboard": False,
                "log.progress": "off", "rollout.max_new_tokens": 24,

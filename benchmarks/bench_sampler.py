@@ -14,7 +14,7 @@ tokens per sequence (no EOS stop). Ours: one batched ``prefill_insert`` of the B
 ``--new / --decode_steps`` calls of ``generate_steps`` (``--decode_steps`` tokens per call),
 sampling at temperature 1 with log-probs; "ours_api": the JetStream-API path in the same run
 (B one-row ``prefill`` + ``insert`` calls, then ``--new`` one-step ``generate`` calls), the A/B of
-those two changes. HF: ``do_sample=True, top_k=0,
+those two changes. HF: at each of ``--torch_threads`` (default 1 and 2; the faster one counts), ``do_sample=True, top_k=0,
 top_p=1``, ``min_new_tokens = max_new_tokens``. Tunix: one ``Sampler.__call__`` (prefill + a
 compiled decode loop) in its *greedy* mode, its cheapest (its temperature sampling goes through
 top-p / top-k, which sort the vocabulary), cache of ``16 + new`` positions. tokens/s =
@@ -42,7 +42,12 @@ from sao_jax.rollout.engine import SAOEngine
 PROMPT = 16
 
 
-def config(quick: bool, new: int) -> ModelConfig:
+def config(quick: bool, new: int, model: str = "small") -> ModelConfig:
+  """The benchmark's model: "small" (d256, L4, V4096: the default), "tiny" (the CPU task's
+  ``configs/arith_tool.py`` shapes: d128, L2, V104); quick = a d64 toy."""
+  if model == "tiny" and not quick:
+    return ModelConfig(vocab_size=104, d_model=128, n_layers=2, n_heads=4, n_kv_heads=2,
+                       head_dim=32, d_ff=384, max_seq_len=PROMPT + new, arch="qwen3")
   if quick:
     return ModelConfig(vocab_size=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2,
                        head_dim=16, d_ff=128, max_seq_len=PROMPT + new, arch="qwen3")
@@ -101,23 +106,35 @@ def main():
   ap = common.parser(__doc__, malloc_flag=True)
   ap.add_argument("--new", type=int, default=64)
   ap.add_argument("--batches", default="1,8,32,128")
-  ap.add_argument("--torch_threads", type=int, default=1)
+  ap.add_argument("--torch_threads", default="1,2",
+                  help="PyTorch thread counts HF runs with (each a peer); ours/hf is against the "
+                       "fastest of them at each batch size")
   ap.add_argument("--no_tunix", action="store_true")
   ap.add_argument("--decode_steps", type=int, default=8, help="tokens per generate_steps call")
+  ap.add_argument("--model", default="small", choices=("small", "tiny", "smollm2"),
+                  help="smollm2: the packaged SmolLM2-135M-Instruct GGUF (Llama; Tunix's Qwen3 "
+                       "loader does not take it, so HF only)")
   args = ap.parse_args()
   malloc_tuned = common.apply_malloc(args)
   import torch  # pylint: disable=import-outside-toplevel
   import transformers  # pylint: disable=import-outside-toplevel
-  torch.set_num_threads(args.torch_threads)
+  torch_threads = [int(x) for x in args.torch_threads.split(",")]
   new = 4 if args.quick else args.new
   batches = [1, 2] if args.quick else [int(x) for x in args.batches.split(",")]
   repeats = 1 if args.quick else args.repeats
-  cfg = config(args.quick, new)
-  graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
-  params = nnx.to_pure_dict(params)
+  if args.model == "smollm2":
+    from sao_jax.models import gguf_loader  # pylint: disable=import-outside-toplevel
+    cfg, params = gguf_loader.load_gguf(gguf_loader.resolve_gguf_path("smollm2"),
+                                        max_seq_len=PROMPT + new)
+    graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))[0]
+    args.no_tunix = True
+  else:
+    cfg = config(args.quick, new, args.model)
+    graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+    params = nnx.to_pure_dict(params)
   with tempfile.TemporaryDirectory() as d:
     hf.save_hf_checkpoint(d, cfg, params)
-    peer = transformers.Qwen3ForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    peer = transformers.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
     tunix_run = None if args.no_tunix else tunix_peer(cfg, d, new)
   weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
   bw = common.measure_bandwidth(16 << 20 if args.quick else 256 << 20)
@@ -157,20 +174,24 @@ def main():
         toks.append(np.asarray(res.data))  # the worker reads every step's tokens
       return state.tokens
 
-    def theirs():
+    def theirs(threads):
+      torch.set_num_threads(threads)
       with torch.no_grad():
         return peer.generate(tprompts, attention_mask=torch.ones_like(tprompts),
                              max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=0,
                              top_p=1.0, temperature=1.0, pad_token_id=0)
 
-    peers = {"ours": ours, "ours_api": ours_api, "hf": theirs}
+    peers = {"ours": ours, "ours_api": ours_api}
+    peers.update({f"hf{n}": (lambda n=n: theirs(n)) for n in torch_threads})
     if tunix_run is not None:
       peers["tunix"] = lambda: tunix_run(prompts)
     times = common.time_interleaved(peers, warmup=1, repeats=repeats)
     cache_sizes[b] = {"generate": engine._generate_jit._cache_size(),  # pylint: disable=protected-access
                       "prefill": engine._prefill_jit._cache_size(),  # pylint: disable=protected-access
                       "insert": engine._insert_jit._cache_size()}  # pylint: disable=protected-access
-    mo, mh = common.median(times["ours"]), common.median(times["hf"])
+    hf_t = {n: common.median(times[f"hf{n}"]) for n in torch_threads}
+    best = min(hf_t, key=hf_t.get)
+    mo, mh = common.median(times["ours"]), hf_t[best]
     md = common.median(decode_only[1:] or decode_only)
     avg_ctx = PROMPT + new / 2
     kv_bytes = 2 * cfg.n_layers * b * avg_ctx * cfg.n_kv_heads * cfg.head_dim * 4
@@ -182,7 +203,8 @@ def main():
     roofline = min(bound, flops / tok_flops)
     ma = common.median(times["ours_api"])
     row = {"batch": b, "ours tok/s": b * new / mo, "ours_api tok/s": b * new / ma,
-           "ours/ours_api": ma / mo, "hf tok/s": b * new / mh, "ours/hf": mh / mo}
+           "ours/ours_api": ma / mo, "hf tok/s": b * new / mh, "hf threads": best,
+           "ours/hf": mh / mo}
     if "tunix" in times:
       mt = common.median(times["tunix"])
       row.update({"tunix tok/s": b * new / mt, "ours/tunix": mt / mo})
@@ -191,7 +213,7 @@ def main():
                 "compute bound tok/s": flops / tok_flops,
                 "ours decode / roofline": b * new / md / roofline})
     rows.append(row)
-  common.report("sampler", rows, args, {"weight_bytes": weight_bytes, "bandwidth_Bps": bw,
+  common.report(f"sampler ({args.model})", rows, args, {"model": args.model,"weight_bytes": weight_bytes, "bandwidth_Bps": bw,
                                         "matmul_flops": flops,
                                         "new_tokens": new, "prompt": PROMPT,
                                         "decode_steps": args.decode_steps,

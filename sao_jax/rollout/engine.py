@@ -372,11 +372,11 @@ class SAOEngine(engine_api.Engine):
     return state, np.asarray(tokens), np.asarray(logprobs)
 
   def prefill_insert(self, params, decode_state: DecodeState, slots, prompts,
-                     temperature: Optional[float] = None):
+                     temperature: Optional[float] = None, rows: Optional[int] = None):
     """Prefills fresh prompts into ``slots`` in one compiled call: the batched form of
     ``prefill`` + ``insert`` for new sequences (no existing prefix). Rows are right-padded to a
-    common power-of-two length and the row count to a power of two (padding rows write
-    nowhere), so compiles stay few.
+    common power-of-two length, and the row count to ``rows`` (default: the next power of two;
+    padding rows write nowhere), so compiles stay few: one per (rows, length) bucket.
 
     slots: sequence of distinct slot indices; prompts: one token-id sequence per slot, each of
     1 .. ``max_prefill_length`` tokens and shorter than ``max_seq_len``. Returns (new
@@ -393,7 +393,9 @@ class SAOEngine(engine_api.Engine):
       raise ValueError(f"prefill_insert: a prompt of {longest} tokens does not fit "
                        f"model.max_seq_len={self.cfg.max_seq_len}; raise it.")
     t = min(max(8, 1 << (longest - 1).bit_length()), self._max_prefill)
-    rows = 1 << (len(slots) - 1).bit_length()
+    rows = rows or 1 << (len(slots) - 1).bit_length()
+    if rows < len(slots):
+      raise ValueError(f"prefill_insert: rows={rows} < {len(slots)} prompts")
     tokens = np.full((rows, t), self.tokenizer.pad_id if self.tokenizer else 0, np.int32)
     lengths = np.ones((rows,), np.int32)
     idx = np.full((rows,), self._slots, np.int32)  # out of range: dropped by the scatter

@@ -206,9 +206,12 @@ class RolloutWorker:
                  t_start=time.time(), position=position)
 
   def _admit_free_slots(self) -> int:
-    """Fills every free slot it can with a new prompt, all prefilled in one batched engine call
-    (``engine.prefill_insert``) on the newest weights, then records each first token. Returns
-    the number admitted."""
+    """Fills every free slot it can with a new prompt on the newest weights, then records each
+    first token. Returns the number admitted. At least a quarter of the slots at once (the start,
+    a grpo_sync barrier): one batched ``engine.prefill_insert`` padded to all slots (one compile
+    per prompt-length bucket); fewer (the steady state of continuous batching, one or two at a
+    time): a one-row ``prefill`` + ``insert`` each, so no row-count variant is ever compiled --
+    on SmolLM2-135M those compiles cost ~50 s of CPU in the first steps."""
     self._sync_weights()  # new prompts start on the newest weights
     admitted = []
     for i in range(len(self.slots)):
@@ -221,10 +224,18 @@ class RolloutWorker:
     if not admitted:
       return 0
     t0 = time.perf_counter()
-    self.state, tokens, logprobs = self.engine.prefill_insert(
-        self.params, self.state, [i for i, _ in admitted], [s.tokens for _, s in admitted],
-        temperature=self.temperature)
-    self.stats.prefill_s += time.perf_counter() - t0
+    if len(admitted) >= max(2, len(self.slots) // 4):
+      self.state, tokens, logprobs = self.engine.prefill_insert(
+          self.params, self.state, [i for i, _ in admitted], [s.tokens for _, s in admitted],
+          temperature=self.temperature, rows=len(self.slots))
+      self.stats.prefill_s += time.perf_counter() - t0
+    else:
+      tokens, logprobs = [], []
+      for i, slot in admitted:
+        prefix = self._prefill(slot.tokens)
+        self.state = self.engine.insert(prefix, self.state, i)
+        tokens.append(int(prefix.token))
+        logprobs.append(float(prefix.logprob))
     for (i, slot), token, logprob in zip(admitted, tokens, logprobs):
       self.slots[i] = slot
       self._on_token(i, int(token), float(logprob))
