@@ -116,13 +116,15 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
   common.apply_overrides(c, base)
   starts = phase_starts(c.train.num_steps, c.task.switch_every)
   rew = common.curves(rows, "reward_mean")
+  stale = common.curves(rows, "staleness_mean")
   table = []
   for arm in arms:
     for seed in seeds:
       x, y = rew[arm.name][seed]
       lags = adaptation_lags(x, y, starts, c.train.num_steps)
       table.append([arm.name, seed, float(y.mean()),
-                    " ".join("never" if l is None else str(l) for l in lags)])
+                    " ".join("never" if l is None else str(l) for l in lags),
+                    float(stale[arm.name][seed][1].mean())])
   def mean_lag(arm):  # nan when the arm has no run or never adapts
     ls = [l for r in table if r[0] == arm for l in r[3].split() if l != "never"]
     return float(np.mean([int(l) for l in ls])) if ls else float("nan")
@@ -165,7 +167,8 @@ Setting: `configs/{tc.TASK}.py`{':smoke' if quick else ''} with {base}, `task.st
 {c.task.switch_every} policy steps; arms {[a.name + ' ' + str(a.overrides) for a in ARMS]}; seeds
 {list(seeds)}. Phase starts (policy steps): {starts}.
 
-{common.markdown_table(["arm", "seed", "mean reward", "lag per switch (steps)"], table)}
+{common.markdown_table(["arm", "seed", "mean reward", "lag per switch (steps)",
+                        "mean staleness (versions)"], table)}
 
 Mean reward: sao {mean_rew('sao'):.3f}, running_mean_128 {mean_rew('running_mean_128'):.3f};
 mean lag: sao {mean_lag('sao'):.1f}, running_mean_128 {mean_lag('running_mean_128'):.1f} steps.
