@@ -3,6 +3,7 @@ an existing KV cache equals a full forward pass; weight sync mid-trajectory reco
 
 
 import jax
+import pytest
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -248,3 +249,20 @@ def test_multi_step_decode_rollout_logprobs_equal_recomputed_inline_and_pooled()
                                  atol=1e-5)
     assert any(((t.action_mask[:-1] == 0) & (np.arange(len(t.tokens) - 1) > 3)).any()
                for t in out)
+
+
+def test_prefill_insert_and_generate_steps_refuse_bad_input_naming_the_fix():
+  _, _, params, engine = _setup(temperature=0.0)
+  state = engine.init_decode_state()
+  with pytest.raises(ValueError, match="2 slots for 1 prompts"):
+    engine.prefill_insert(params, state, [0, 1], [[1, 2]])
+  with pytest.raises(ValueError, match="max_prefill_length=16"):
+    engine.prefill_insert(params, state, [0], [list(range(1, 20))])
+  with pytest.raises(ValueError, match="rows=1 < 2"):
+    engine.prefill_insert(params, state, [0, 1], [[1, 2], [1, 3]], rows=1)
+  with pytest.raises(ValueError, match="rollout.decode_steps"):
+    engine.generate_steps(params, state, 0)
+  with pytest.raises(ValueError, match="rollout.decode_steps=0 must be >= 1"):
+    RolloutWorker(engine, EchoEnv(), iter([]), lambda t: True, WeightStore(params),
+                  stop_ids=Tok.stop_ids, max_new_tokens=4, max_seq_len=CFG.max_seq_len,
+                  decode_steps=0)

@@ -162,6 +162,7 @@ OUT_OF_RANGE = [
     ("rollout.num_workers", 0, "must be >= 1"),
     ("rollout.slots", 0, "must be >= 1"),
     ("rollout.queue_size", 0, "must be >= 1"),
+    ("rollout.decode_steps", 0, "must be >= 1"),
     ("rollout.env_timeout_s", 0.0, "must be > 0"),
     ("task.max_turns", 0, "must be >= 1"),
     ("task.n_eval", 0, "must be >= 1"),
