@@ -2,10 +2,10 @@
 
 A task in which the critic has something to learn: the reward is binary and final, but the chain's
 length (in the prompt) and every tool observation reveal how likely success is. Derived from
-`configs/arith_tool.py`; only what differs is set here. Seed 0 (2026-12-01, load ~6; that run
-had 20 value pre-training steps, the default is now 10): warm start 11.5% greedy on 200 held-out
-problems, 60 SAO steps -> 50.5% (+39 pts; 51% at step 20), explained variance 0.4-0.8 over the
-last 20 steps.
+`configs/arith_tool.py`; only what differs is set here. Seed 0, these defaults (2026-12-01 16:30
+UTC, load ~3-5, `sft.cache_dir` warm): warm start 11.5% greedy on 200 held-out problems, 60 SAO
+steps -> 50.0% (+38.5 pts; 50% at step 20), explained variance 0.61 mean over the last 10 steps
+(0.24-0.82 over the last 20), 265 s wall.
 `python -m sao_jax.main --config=configs/chain_tool.py [--config.sft.cache_dir=runs/sft_cache]`;
 variant `configs/chain_tool.py:smoke` runs a few steps only.
 """
