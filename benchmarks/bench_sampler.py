@@ -188,7 +188,9 @@ def main():
     times = common.time_interleaved(peers, warmup=1, repeats=repeats)
     cache_sizes[b] = {"generate": engine._generate_jit._cache_size(),  # pylint: disable=protected-access
                       "prefill": engine._prefill_jit._cache_size(),  # pylint: disable=protected-access
-                      "insert": engine._insert_jit._cache_size()}  # pylint: disable=protected-access
+                      "insert": engine._insert_jit._cache_size(),  # pylint: disable=protected-access
+                      "prefill_insert": engine._prefill_insert_jit._cache_size(),  # pylint: disable=protected-access
+                      "generate_steps": engine._generate_steps_jit._cache_size()}  # pylint: disable=protected-access
     hf_t = {n: common.median(times[f"hf{n}"]) for n in torch_threads}
     best = min(hf_t, key=hf_t.get)
     mo, mh = common.median(times["ours"]), hf_t[best]
@@ -213,10 +215,11 @@ def main():
                 "compute bound tok/s": flops / tok_flops,
                 "ours decode / roofline": b * new / md / roofline})
     rows.append(row)
-  common.report(f"sampler ({args.model})", rows, args, {"model": args.model,"weight_bytes": weight_bytes, "bandwidth_Bps": bw,
+  label = "quick: a d64 toy, a wiring check, numbers not meaningful" if args.quick else args.model
+  common.report(f"sampler ({label})", rows, args, {"model": "quick" if args.quick else args.model,"weight_bytes": weight_bytes, "bandwidth_Bps": bw,
                                         "matmul_flops": flops,
                                         "new_tokens": new, "prompt": PROMPT,
-                                        "decode_steps": args.decode_steps,
+                                        "decode_steps": max(1, min(args.decode_steps, new)),
                                         "jit_cache_sizes": cache_sizes,
                                         "host_malloc.keep_freed_memory": malloc_tuned})
 

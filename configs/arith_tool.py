@@ -59,8 +59,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.temperature = 1.0     # sampling temperature (log-probs recorded at this temperature)
   c.rollout.max_new_tokens = 24   # per-turn cap on sampled tokens
   c.rollout.max_prefill_length = 64  # longest prompt / observation chunk
-  c.rollout.decode_steps = 4      # tokens per slot per engine call (weights change between calls;
-                                  # arith_tool tokens/s: 1 -> 1.08x, 4 -> 1.2x of before, 8 -> 0.6x)
+  c.rollout.decode_steps = 4      # tokens per slot per engine call; weights change between calls
+                                  # (main job tokens/s vs 1 step per call: 4 -> 0.98-1.31x, 8 -> ~0.55x)
   c.rollout.queue_size = 64       # bounded trajectory queue (backpressure)
   c.rollout.kv_on_update = "keep" # weight update mid-rollout: "keep" stale KV or "recompute"
   c.rollout.staleness_policy = "none"  # "none", "admission", "drop" or "admission+drop"

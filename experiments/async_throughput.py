@@ -224,4 +224,7 @@ mostly from overlapping training with generation. On the real engine and trainer
 
 if __name__ == "__main__":
   args = common.common_argparser(__doc__).parse_args()
+  if args.report_only:
+    sys.exit("error: --report_only is not supported here: the simulation is deterministic and "
+             "re-runs in about a minute; run without it.")
   run(args.quick, args.out_dir)

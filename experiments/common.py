@@ -242,13 +242,15 @@ def write_section(md_path: str, key: str, title: str, body: str) -> None:
 
 
 def out_paths(experiment: str, quick: bool, out_dir: Optional[str]) -> tuple[str, str]:
-  """(out_dir, RESULTS.md path): full runs write under ``experiments/`` (CSV, PNG committed) and
-  ``experiments/RESULTS.md``; quick runs default to ``runs/experiments_quick`` with its own
-  RESULTS.md so a test never overwrites the real results."""
+  """(out_dir, RESULTS.md path): full runs without ``out_dir`` write under ``experiments/``
+  (CSV, PNG committed) and ``experiments/RESULTS.md``; quick runs default to
+  ``runs/experiments_quick``; a given ``out_dir`` (or a quick run) gets its own RESULTS.md there,
+  so neither a test nor a side run overwrites the real results."""
+  given = out_dir is not None
   if out_dir is None:
     out_dir = os.path.join(ROOT, "runs", "experiments_quick") if quick else os.path.join(
         ROOT, "experiments", "results")
-  md = os.path.join(out_dir, "RESULTS.md") if quick else RESULTS_MD
+  md = os.path.join(out_dir, "RESULTS.md") if quick or given else RESULTS_MD
   os.makedirs(out_dir, exist_ok=True)
   return out_dir, md
 
@@ -258,7 +260,8 @@ def common_argparser(doc: str):
   import argparse  # pylint: disable=import-outside-toplevel
   p = argparse.ArgumentParser(description=doc)
   p.add_argument("--quick", action="store_true", help="tiny setting for the test suite")
-  p.add_argument("--out_dir", default=None, help="where CSV/PNG/runs go (default: see out_paths)")
+  p.add_argument("--out_dir", default=None,
+                 help="where CSV/PNG/runs and (when given) its own RESULTS.md go (see out_paths)")
   p.add_argument("--report_only", action="store_true",
                  help="no runs: rebuild the plot and the RESULTS.md section from the CSV")
   return p

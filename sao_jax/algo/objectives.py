@@ -50,7 +50,8 @@ Aggregation of l_t (`aggregation`):
 Masked (clipped) tokens stay in every denominator.
 
 Optional terms (default off; Python-level, so off means not even traced):
-  kl_coef * agg(k3(pi_ref || pi_theta)),  k3 = (q - 1) - log q, q = pi_ref/pi_theta
+  kl_coef * agg(k3),  k3 = (q - 1) - log q, q = pi_ref/pi_theta: an estimate of KL(pi_theta ||
+      pi_ref) on tokens sampled from pi; as a loss its gradient is that of KL(pi_ref || pi_theta)
   -entropy_coef * agg(entropy)          (`entropy`: per-token policy entropy)
 
 Metrics (scalars, no gradient, identical keys for every objective):
