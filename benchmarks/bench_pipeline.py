@@ -12,7 +12,8 @@ trainer idle = sum(wait_s) / RL wall. Engine, from the rollout worker's own coun
 (``rollout_*`` metrics): engine busy = time in generate() + prefill() / wall; engine idle = time
 the worker had nothing to run / wall = nothing to admit (the grpo_sync barrier) + every running
 slot waiting on its tool call + blocked on the full queue (SAO's backpressure), each also
-reported; slot occupancy = decoding slots / slots over the generate steps; engine traj/s =
+reported; slot occupancy = decoding slots / slots over the generate steps; staleness = mean over
+steps of the batch's ``staleness_mean`` (versions); engine traj/s =
 trajectories the worker finished per second (throttled by a full queue). "steady" = steps 2..N
 (step 1 includes compilation). Also reports jit cache sizes of the train steps at the end of the
 run (1 each = no recompilation) and compile time (first step's train_s minus the median of the
@@ -149,6 +150,7 @@ def run_mode(mode: str, overrides: dict, run_dir: str) -> dict:
              tool_use=common.median([s.get("tool_use", 0.0) for s in steps]),
              response_tokens=common.median([s.get("response_tokens_mean", 0.0) for s in steps]),
              queue_mean=common.median([s.get("queue_size", 0) for s in steps]),
+             staleness_mean=sum(s.get("staleness_mean", 0.0) for s in steps) / len(steps),
              first_step_overhead_s=steps[0]["train_s"] - rest[len(rest) // 2])
   return rec
 
@@ -158,7 +160,8 @@ COLUMNS = ("mode", "steps", "rl_wall_s", "traj_per_s", "steady_traj_per_s", "tok
            "steady_engine_idle", "steady_engine_idle_barrier", "steady_engine_idle_tools",
            "steady_engine_idle_queue_full", "steady_engine_busy", "steady_slot_occupancy",
            "steady_engine_traj_per_s",
-           "step_train_s_median", "step_wait_s_median", "tool_use", "response_tokens",
+           "step_train_s_median", "step_wait_s_median", "staleness_mean", "tool_use",
+           "response_tokens",
            "queue_mean", "first_step_overhead_s")
 
 

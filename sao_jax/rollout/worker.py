@@ -145,6 +145,12 @@ class RolloutWorker:
       raise ValueError(f"rollout.decode_steps={decode_steps} must be >= 1 (tokens per engine "
                        "call; 1 = one step per call).")
     self.decode_steps = int(decode_steps)
+    # SAOEngine's batched calls; any other JetStream-API engine (prefill / insert / generate /
+    # slot_prefix) runs one token per call
+    self._batched = all(hasattr(engine, a) for a in ("prefill_insert", "generate_steps"))
+    if not self._batched and self.decode_steps != 1:
+      raise ValueError(f"rollout.decode_steps={decode_steps} needs an engine with generate_steps "
+                       f"(SAOEngine); {type(engine).__name__} has only the JetStream API: use 1.")
     self.kv_on_update = kv_on_update
     self.stop_strings = tuple(stop_strings)
     self.max_turns = max_turns
@@ -224,7 +230,7 @@ class RolloutWorker:
     if not admitted:
       return 0
     t0 = time.perf_counter()
-    if len(admitted) >= max(2, len(self.slots) // 4):
+    if self._batched and len(admitted) >= max(2, len(self.slots) // 4):
       self.state, tokens, logprobs = self.engine.prefill_insert(
           self.params, self.state, [i for i, _ in admitted], [s.tokens for _, s in admitted],
           temperature=self.temperature, rows=len(self.slots))
@@ -245,6 +251,8 @@ class RolloutWorker:
     """Slot i's cache as a prefix at its true length (every token but the last sampled one is
     cached): the decode state may have run past it within a ``generate_steps`` call."""
     s = self.slots[i]
+    if not self._batched:  # one token per call: the decode state is exact
+      return self.engine.slot_prefix(self.state, i)
     return self.engine.slot_prefix(self.state, i, length=len(s.tokens) - 1, token=s.tokens[-1])
 
   def _on_token(self, i: int, token: int, logprob: float) -> bool:
@@ -351,7 +359,9 @@ class RolloutWorker:
     s.logprobs.extend([0.0] * len(obs))
     s.versions.extend([-1] * len(obs))
     s.turn_start = len(s.tokens)
-    if prefix is None:
+    if prefix is None and not self._batched:
+      prefix = self.engine.slot_prefix(self.state, i)
+    elif prefix is None:
       prefix = self.engine.slot_prefix(self.state, i, length=len(s.tokens) - len(obs) - 1,
                                        token=token)
     prefix = self._prefill([token] + obs, prefix=prefix)
@@ -434,8 +444,12 @@ class RolloutWorker:
       return not self.exhausted
     t0 = time.perf_counter()
     n = self.decode_steps
-    self.state, tokens, logprobs = self.engine.generate_steps(self.params, self.state, n,
-                                                              self.temperature)
+    if self._batched:
+      self.state, tokens, logprobs = self.engine.generate_steps(self.params, self.state, n,
+                                                                self.temperature)
+    else:
+      self.state, result = self.engine.generate(self.params, self.state, self.temperature)
+      tokens, logprobs = np.asarray(result.data)[:, :1], np.asarray(result.logprobs)[:, :1]
     self.stats.generate_s += time.perf_counter() - t0
     self.stats.generate_steps += n
     self.stats.decode_slot_steps += n * len(decoding)

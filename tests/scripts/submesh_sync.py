@@ -68,16 +68,15 @@ def main():
   engine = SAOEngine(CFG, graphdef, Tok(), max_concurrent_decodes=8, max_prefill_length=16,
                      mesh=engine_mesh)
   gen_intervals = []
-  orig = engine.generate
+  orig = engine.generate_steps  # what the rollout worker calls (tokens come back on the host)
 
-  def timed_generate(p, state, temperature=None):
+  def timed_generate(p, state, num_steps, temperature=None):
     t0 = time.time()
-    out = orig(p, state, temperature)
-    jax.block_until_ready(out[1].data)
+    out = orig(p, state, num_steps, temperature)
     gen_intervals.append((t0, time.time()))
     return out
 
-  engine.generate = timed_generate
+  engine.generate_steps = timed_generate
   queue = TrajectoryQueue(4)
   stop = threading.Event()
   problems = iter(range(10**6))
