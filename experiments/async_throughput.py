@@ -34,7 +34,8 @@ SEEDS = (0, 1, 2)
 SLOTS = BATCH = 32
 DISTS = ("lognormal", "chain_demo")
 # measured with the real engine and trainer (benchmarks/bench_pipeline.py), filled in by hand
-PIPELINE = "not measured yet on chain_tool."
+PIPELINE = (
+    "`python benchmarks/bench_pipeline.py --config chain_tool --tool_latency lognormal:0.2:1.0 --steps 30 --repeats 2` (2026-12-01 16:45-16:51, load 0.8-3.7; `benchmarks/RESULTS.md` section 4d): SAO vs `grpo_sync` on the chained task's tiny smoke model, 30 steps of 16 trajectories, lognormal tool latency (median 0.2 s, sigma 1.0): trajectories/s over the RL phase 26.9 / 20.6 vs 9.8 / 10.5 (**2.34x** median), steady state (steps 2-30) 8.6x; trainer idle 0.41-0.45 vs 0.89-0.91; measured staleness 1.09-1.14 versions (SAO) vs 0 (grpo_sync).")
 QUEUE = 64
 AREAL_SPEEDUP = 2.77  # AReaL (Fu et al., 2025): "up to 2.77x" over synchronous systems
 
