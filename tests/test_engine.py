@@ -122,6 +122,17 @@ def test_sample_tokens_draws_from_the_tempered_distribution():
   np.testing.assert_allclose(np.asarray(logprobs), np.log(p[np.asarray(tokens)]), rtol=1e-6)
 
 
+def _assert_greedy_equals_full_forward(model, prompt, seq, lps):
+  """``seq`` = prompt + greedily decoded tokens: each decoded token is the argmax of a full
+  forward pass over ``seq`` and its recorded log-prob (``lps``) that pass's, within 1e-5."""
+  tokens = jnp.asarray(seq)[None]
+  logits, _ = model(tokens, default_positions(tokens))
+  logp = np.asarray(jax.nn.log_softmax(logits[0, len(prompt) - 1:-1]))
+  want = np.argmax(logp, -1)
+  np.testing.assert_array_equal(np.asarray(seq[len(prompt):]), want)
+  np.testing.assert_allclose(lps, logp[np.arange(len(want)), want], atol=1e-5)
+
+
 def test_greedy_slots_across_live_length_buckets_equal_full_forward():
   """Slots at different lengths decode greedily through several live-length buckets
   (kv_bucket=8: 8, 16, then the whole cache); every slot's tokens and log-probs equal those of
@@ -149,12 +160,7 @@ def test_greedy_slots_across_live_length_buckets_equal_full_forward():
       lps[i].append(float(res.logprobs[i, 0]))
   assert state.host_lengths == tuple(np.asarray(state.lengths).tolist())
   for i, p in enumerate(prompts):
-    tokens = jnp.asarray(seqs[i])[None]
-    logits, _ = model(tokens, default_positions(tokens))
-    logp = np.asarray(jax.nn.log_softmax(logits[0, len(p) - 1:-1]))
-    want = np.argmax(logp, -1)
-    np.testing.assert_array_equal(np.asarray(seqs[i][len(p):]), want)
-    np.testing.assert_allclose(lps[i], logp[np.arange(len(want)), want], atol=1e-5)
+    _assert_greedy_equals_full_forward(model, p, seqs[i], lps[i])
 
 
 def test_prefill_chunk_past_the_cache_end_drops_the_padding():
@@ -208,12 +214,7 @@ def test_batched_prefill_and_multi_step_decode_equal_the_one_at_a_time_path():
       lps[s] += lp[s].tolist()
   assert state.host_lengths == tuple(np.asarray(state.lengths).tolist())
   for s, p in prompts.items():
-    tokens = jnp.asarray(seqs[s])[None]
-    logits, _ = model(tokens, default_positions(tokens))
-    logp = np.asarray(jax.nn.log_softmax(logits[0, len(p) - 1:-1]))
-    want = np.argmax(logp, -1)
-    np.testing.assert_array_equal(np.asarray(seqs[s][len(p):]), want)
-    np.testing.assert_allclose(lps[s], logp[np.arange(len(want)), want], atol=1e-5)
+    _assert_greedy_equals_full_forward(model, p, seqs[s], lps[s])
   # sampled: one scan of 5 steps == 5 generate calls from a copy of the same state
   sampler = SAOEngine(CFG, graphdef, Tok(), max_concurrent_decodes=4, max_prefill_length=16,
                       temperature=1.0, seed=0, kv_bucket=8)
