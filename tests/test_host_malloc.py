@@ -6,9 +6,9 @@ import sys
 import pytest
 
 SCRIPT = r"""
-import resource
+import resource, sys
 from sao_jax import host_malloc
-print(host_malloc.keep_freed_memory())
+print(host_malloc.keep_freed_memory() if sys.argv[1] == "keep" else "defaults")
 import jax, jax.numpy as jnp
 f = jax.jit(lambda x: jnp.sum(jnp.sin(x[:, None] * x[None, :]) ** 2))  # 64 MiB temp
 x = jnp.linspace(0, 1, 4096)
@@ -23,7 +23,15 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) // 10)
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 def test_keep_freed_memory_stops_per_call_page_faults():
-  out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                       check=True).stdout.split()
-  assert out[0] == "True"
-  assert int(out[1]) < 1000, out  # glibc defaults: the 64 MiB re-faulted per call, ~16k faults
+  """Per-call minor page faults of a step with a 64 MiB temp buffer, with and without
+  ``keep_freed_memory``, in the same test: glibc's defaults re-fault the buffer every call
+  (~16k faults); kept, it is reused (~100-1600 seen, more under load). Asserted as a ratio so
+  the host's load does not decide it."""
+  def faults(mode):
+    out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True,
+                         check=True).stdout.split()
+    return out[0], int(out[1])
+  flag, kept = faults("keep")
+  _, default = faults("defaults")
+  assert flag == "True"
+  assert kept * 4 < default, (kept, default)

@@ -1,6 +1,7 @@
 """Hostile snippets against the tool sandbox: each is contained, reported as a tool error, and
 the trainer (this test process) and its files are unharmed."""
 
+import concurrent.futures
 import os
 import socket
 import textwrap
@@ -8,6 +9,7 @@ import time
 
 import pytest
 
+from sao_jax.envs import sandbox
 from sao_jax.envs.sandbox import PythonTool, SandboxLimits, SandboxResult, run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,12 +18,15 @@ LIMITS = SandboxLimits(cpu_s=1, wall_s=20.0, memory_bytes=256 * 2**20,
 
 
 def _nobody_processes() -> int:
+  """Processes running as a sandbox uid (``sandbox.UID_BASE`` .. + ``UID_COUNT``)."""
   n = 0
   for pid in os.listdir("/proc"):
     if pid.isdigit():
       try:
         with open(f"/proc/{pid}/status") as f:
-          if any(l.startswith("Uid:") and l.split()[1] == "65534" for l in f):
+          if any(l.startswith("Uid:") and
+                 sandbox.UID_BASE <= int(l.split()[1]) < sandbox.UID_BASE + sandbox.UID_COUNT
+                 for l in f):
             n += 1
       except OSError:
         pass
@@ -64,6 +69,19 @@ def test_fork_bomb_is_contained_and_leaves_no_process_behind():
       break
     time.sleep(0.1)
   assert _nobody_processes() == 0  # the PID namespace took every child down
+
+
+def test_a_fork_bomb_does_not_starve_a_concurrent_sandbox():
+  """RLIMIT_NPROC counts a uid's processes system-wide: each run has its own uid, so a program
+  started while another sandbox's fork bomb is at its process limit still runs."""
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    bomb = pool.submit(_run, "import os\nwhile True:\n  try:\n    os.fork()\n  except OSError:\n"
+                             "    pass\n")
+    time.sleep(0.5)  # the bomb is at its limit by now
+    res = _run("print(6 * 7)")
+    assert not bomb.result().ok
+  assert res.ok and res.observation() == "42\n", res.observation()
+  assert len({sandbox.sandbox_uid() for _ in range(100)}) == 100
 
 
 def test_10gb_allocation_fails_with_memory_error():

@@ -12,10 +12,10 @@ What is enforced, and how (Linux; the launcher is ``_sandbox_init.py``):
 | CPU time | ``RLIMIT_CPU`` (soft = ``cpu_s``: SIGXCPU, hard = ``cpu_s`` + 1: SIGKILL) |
 | wall time | the caller kills the launcher's process group after ``wall_s`` |
 | memory | ``RLIMIT_AS`` = ``memory_bytes`` (a 10 GB allocation fails with MemoryError) |
-| processes (fork bomb) | ``RLIMIT_NPROC`` = ``processes``, effective because the program runs as uid ``nobody`` |
+| processes (fork bomb) | ``RLIMIT_NPROC`` = ``processes``, effective because the program runs as an unprivileged uid; the limit counts every process of that uid, so each run gets its own uid (``sandbox_uid``): a fork bomb in one sandbox cannot starve a concurrent one's ``fork`` |
 | output size | the caller reads at most ``max_output_bytes`` of stdout + stderr, then kills the program |
 | file size / disk | ``RLIMIT_FSIZE`` = ``file_bytes``; the only writable place is a fresh tmpfs on /tmp of ``tmp_bytes`` (also the cwd) |
-| no writes elsewhere | private mount namespace; / remounted read-only; uid ``nobody`` |
+| no writes elsewhere | private mount namespace; / remounted read-only; an unprivileged uid that owns no file, gid ``nogroup`` |
 | no access to the trainer's files | tmpfs mounted over /root, /home, /work, /mnt, /srv, /opt, /run, /var/tmp, /dev/shm, the caller's cwd and $HOME and ``extra_masks``; a fresh /proc shows only the sandbox's processes |
 | no trainer environment variables | ``execve`` with ``PATH``, ``HOME=/tmp``, ``LANG``, ``PYTHONIOENCODING`` only; ``/proc/<trainer>/environ`` is not visible (own PID namespace) |
 | no network | new network namespace (only a down loopback device) |
@@ -29,6 +29,7 @@ It needs root (or CAP_SYS_ADMIN) for the namespaces and mounts; without it ``run
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import selectors
@@ -43,7 +44,18 @@ from typing import Optional
 _INIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_init.py")
 DEFAULT_MASKS = ("/root", "/home", "/work", "/mnt", "/srv", "/opt", "/run", "/var/tmp", "/dev/shm",
                  "/farm", "/old_root")
-NOBODY = 65534
+NOBODY = 65534  # the gid (nogroup); the uid comes from sandbox_uid
+UID_BASE, UID_COUNT = 1 << 20, 1 << 16  # uids 1048576 .. 1114111: no passwd entry, own no file
+_uid_counter = itertools.count()
+
+
+def sandbox_uid() -> int:
+  """A fresh unprivileged uid for one run: ``UID_BASE`` + (this process's pid and a per-process
+  counter, mod ``UID_COUNT``). RLIMIT_NPROC counts all processes of a uid, so concurrent runs
+  (``rollout.env_workers`` threads, several trainer processes) must not share one: with a shared
+  ``nobody`` a fork bomb held the count and the other sandboxes' setup ``fork`` failed with
+  EAGAIN (seen in ``tests/test_tir_math.py`` under load)."""
+  return UID_BASE + (os.getpid() * 7919 + next(_uid_counter)) % UID_COUNT
 
 
 class SandboxUnavailable(RuntimeError):
@@ -135,7 +147,7 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
   masks = sorted({os.path.realpath(m) for m in masks} - {"/", "/usr", "/etc", "/proc", "/dev",
                                                        "/tmp", "/bin", "/lib", "/lib64"})
   masks = [m for m in masks if not any(m.startswith(o + "/") for o in masks)]  # covered already
-  cfg = {"prefix": prefix, "python": python, "stage": stage, "mask": masks, "uid": NOBODY,
+  cfg = {"prefix": prefix, "python": python, "stage": stage, "mask": masks, "uid": sandbox_uid(),
          "gid": NOBODY, "tmp_bytes": limits.tmp_bytes,
          "limits": {"cpu_s": int(limits.cpu_s), "memory_bytes": int(limits.memory_bytes),
                     "file_bytes": int(limits.file_bytes), "open_files": int(limits.open_files),
