@@ -8,8 +8,8 @@ Steps (see ``sao_jax/envs/sandbox.py`` for what each one enforces):
   3. child, still root: private mounts; tmpfs over the trainer's directories (``mask``), the
      interpreter's prefix bind-mounted back read-only, a fresh size-limited tmpfs on /tmp (the
      only writable place, and the working directory), / remounted read-only, a fresh /proc.
-  4. child: resource limits, no-new-privileges, drop to uid/gid ``nobody`` (RLIMIT_NPROC only binds
-     a non-root user), exec ``python -I -S -B /tmp/main.py`` with a scrubbed environment.
+  4. child: resource limits, no-new-privileges, drop to the run's uid (``sandbox.sandbox_uid``)
+     and gid ``nogroup`` (RLIMIT_NPROC only binds a non-root user), exec ``python -I -S -B /tmp/main.py`` with a scrubbed environment.
   5. PID 1 forks the program (PID 1 would ignore default-action signals such as SIGXCPU), waits
      and relays its status; the launcher does the same.
   6. launcher: waits and exits with the child's code, or 128 + signal number.
@@ -91,7 +91,7 @@ def _child(cfg, code: bytes):
   os.setgroups([])
   os.setgid(cfg["gid"])
   os.setuid(cfg["uid"])
-  # the parent-death signal is cleared when credentials change: set it again, as nobody.
+  # the parent-death signal is cleared when credentials change: set it again, as the unprivileged uid.
   _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
   env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
   # The program must not be PID 1 itself: the kernel drops default-action signals (SIGXCPU of
