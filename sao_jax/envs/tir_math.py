@@ -28,11 +28,9 @@ from a fresh interpreter, so a program must recompute what it needs).
 Episode rules (``TirMathEnv.step``; ``turn`` counts from 0)
 -----------------------------------------------------------
 * the action (trailing whitespace and stop tokens ignored) ends with ```` ```output ````: a
-  tool call. The
-  code runs in ``sao_jax.envs.sandbox.run_python`` (own PID/mount/network namespaces, an
-  unprivileged uid per run, CPU/wall/memory/process/file limits: ``SandboxLimits``); anything
-  the program does --
-  an endless loop, a fork bomb, a write outside its tmpfs, a network connection, a crash -- comes
+  tool call. The code runs in ``sao_jax.envs.sandbox.run_python`` (own PID/mount/network
+  namespaces, an unprivileged uid per run, CPU/wall/memory/process/file limits:
+  ``SandboxLimits``); anything the program does -- an endless loop, a fork bomb, a write outside its tmpfs, a network connection, a crash -- comes
   back as an observation, never as an exception. Not done, reward 0; on the last allowed turn
   (``turn == max_turns - 1``) done instead, with ``reward = grade(action text)``.
 * the action ends with a stop token (``eos`` / ``<|im_end|>``): done, reward =
