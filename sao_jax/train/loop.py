@@ -146,7 +146,8 @@ def run(config) -> dict[str, Any]:
 
   t0 = time.time()
   after = evaluate(learner.policy_params(), task.eval_problems, version)
-  print(f"eval after SAO: accuracy {after['accuracy']:.3f} ({time.time() - t0:.1f}s)", flush=True)
+  print(f"eval after SAO: accuracy {after['accuracy']:.3f} tool_use {after['tool_use']:.3f} "
+        f"({time.time() - t0:.1f}s); results in {run_dir}", flush=True)
   logger.log(tcfg.num_steps, {"eval_accuracy": after["accuracy"],
                               "eval_tool_use": after["tool_use"]}, prefix="final/")
   summary = {
