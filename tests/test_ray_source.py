@@ -142,6 +142,11 @@ def test_two_actors_sync_survive_sigkill_and_account_every_prompt_once(ray_clust
     # SIGKILL actor 0 while it holds prompts; publish v2 while it is down
     victim = source.actors[0]
     pid = ray_cluster.get(victim.handle.pid.remote())
+    deadline = time.time() + 30
+    while not victim.outstanding and time.time() < deadline:
+      # a full queue hands out no prompts (backpressure): take one to make room, which tops the
+      # actors up again (actor 0 first)
+      n_sync += len(source.take(1, policy_version=1))
     assert victim.outstanding
     lost, old = set(victim.outstanding), victim.incarnation
     os.kill(pid, signal.SIGKILL)
