@@ -11,9 +11,15 @@ layers listed in ``ModelConfig.moe_layers``; tied or untied input/output embeddi
 Both modules take explicit ``positions`` so the same code serves training (full sequences,
 causal mask), prefill (a chunk appended after an existing KV cache) and decoding (one token per
 row, every row at its own position). The KV cache is a plain pytree:
-``[(k, v) for each layer]`` with ``k, v: [batch, n_kv_heads, cache_len, head_dim]`` (heads
-before positions: the q.k and p.v contractions batch over (batch, head) with no transpose of the
-cache, and one decode step writes one position of every row in place, see ``write_cache``).
+``[(k, v) for each layer]`` with ``k: [batch, n_kv_heads, head_dim, cache_len]`` (keys stored
+transposed, positions last) and ``v: [batch, n_kv_heads, cache_len, head_dim]``. Both
+contractions batch over (batch, head), the leading axes, with no transpose of the cache, and each
+reads its cache operand along its contiguous last axis: q.k contracts head_dim against
+``k [.., D, S]`` (a [G, D] x [D, S] product per head) and p.v contracts positions against
+``v [.., S, D]`` ([G, S] x [S, D]). With keys as ``[.., S, D]`` the q.k product reduced over the
+contiguous D axis: 1.6-2.2x slower decode attention at batch 8-128 on XLA:CPU
+(``benchmarks/RESULTS.md`` section 2). One decode step writes one position of every row in
+place, see ``write_cache``.
 A cached call can attend over only the first ``kv_len`` cache positions (the live length,
 bucketed by the caller) instead of the whole cache.
 
@@ -117,42 +123,44 @@ def _attend(q, keys, values, mask):
 
 
 def _attend_cached(q, keys, values, mask):
-  """``_attend`` over a KV cache in its layout: q [B, T, K, G, D]; keys, values [B, K, S, D]
-  (the first S cache positions); mask bool [B, T, S]. Returns [B, T, K, G, D] in q's dtype.
+  """``_attend`` over a KV cache in its layout: q [B, T, K, G, D]; keys [B, K, D, S] (stored
+  transposed), values [B, K, S, D] (the first S cache positions); mask bool [B, T, S]. Returns
+  [B, T, K, G, D] in q's dtype.
 
   Both contractions batch over (b, k), the leading axes of the cache, so XLA reads the cache in
   place (with the [B, S, K, D] layout it copied the whole cache into this order every step).
-  One query per row (T == 1, a decode step): products and sums instead of dots, which XLA:CPU
-  fuses into two passes over the cache (1.04-1.31x the batched dots' decode tok/s at batch
-  8-128, ``benchmarks/RESULTS.md`` section 2)."""
+  One query per row (T == 1, a decode step): per (b, k) a [G, D] x [D, S] and a [G, S] x [S, D]
+  product, each over its operand's contiguous last axis (see the module docstring)."""
   acc = _acc_dtype(q)
   if q.shape[1] == 1:
-    q1 = q[:, 0]  # [B, K, G, D]
-    scores = jnp.sum(q1[:, :, :, None, :] * keys.astype(q.dtype)[:, :, None], axis=-1)
-    scores = scores.astype(acc) * (q.shape[-1] ** -0.5)  # [B, K, G, S]
+    scores = jnp.einsum("bkgd,bkds->bkgs", q[:, 0], keys.astype(q.dtype)).astype(acc)
+    scores = scores * (q.shape[-1] ** -0.5)  # [B, K, G, S]
     scores = jnp.where(mask[:, 0][:, None, None, :], scores, jnp.finfo(acc).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    return jnp.sum(probs[..., None] * values.astype(q.dtype)[:, :, None], axis=-2)[:, None]
-  scores = jnp.einsum("btkgd,bksd->bktgs", q, keys.astype(q.dtype)).astype(acc)
+    return jnp.einsum("bkgs,bksd->bkgd", probs, values.astype(q.dtype))[:, None]
+  scores = jnp.einsum("btkgd,bkds->bktgs", q, keys.astype(q.dtype)).astype(acc)
   scores = scores * (q.shape[-1] ** -0.5)
   scores = jnp.where(mask[:, None, :, None, :], scores, jnp.finfo(acc).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
   return jnp.einsum("bktgs,bksd->btkgd", probs, values.astype(q.dtype))
 
 
-def write_cache(c: jax.Array, u: jax.Array, start: jax.Array) -> jax.Array:
+def write_cache(c: jax.Array, u: jax.Array, start: jax.Array, *, keys: bool = False) -> jax.Array:
   """Writes row b's chunk ``u[b]`` at cache positions ``start[b] .. start[b] + T - 1``;
   positions >= S (the padded tail of a prefill chunk near the end) are dropped.
 
-  c: [B, K, S, D] one layer's keys or values; u: [B, T, K, D] (the projection's layout);
-  start: int32 [B]. Returns the updated cache. One scatter of the B * T new entries: under jit
-  with the cache donated (the engine's decode state) it updates the cache in place, with no
-  copy of the cache per step (the former vmapped ``dynamic_update_slice`` over [B, S, K, D]
-  was lowered to copies: 24% of a batch-32 decode step)."""
+  c: one layer's values [B, K, S, D], or with ``keys=True`` its keys [B, K, D, S]; u: [B, T, K,
+  D] (the projection's layout); start: int32 [B]. Returns the updated cache. One scatter of the
+  B * T new entries: under jit with the cache donated (the engine's decode state) it updates the
+  cache in place, with no copy of the cache per step (the former vmapped
+  ``dynamic_update_slice`` over [B, S, K, D] was lowered to copies: 24% of a batch-32 decode
+  step)."""
   b, t = u.shape[:2]
   rows = jnp.arange(b, dtype=jnp.int32)[:, None]
   cols = start.astype(jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-  return c.at[rows, :, cols].set(u.astype(c.dtype), unique_indices=True, mode="drop")
+  # [B, T] index arrays on two axes split by slices: the indexed shape is [B, T, K, D], u's
+  at = c.at[rows, :, :, cols] if keys else c.at[rows, :, cols]
+  return at.set(u.astype(c.dtype), unique_indices=True, mode="drop")
 
 
 class Attention(nnx.Module):
@@ -188,10 +196,10 @@ class Attention(nnx.Module):
     else:
       ck, cv = cache
       start = positions[:, 0]
-      ck, cv = write_cache(ck, k, start), write_cache(cv, v, start)
+      ck, cv = write_cache(ck, k, start, keys=True), write_cache(cv, v, start)
       new_cache = (ck, cv)
-      s = ck.shape[2] if kv_len is None else min(int(kv_len), ck.shape[2])
-      keys, values = ck[:, :, :s], cv[:, :, :s]  # the live length: positions >= s are empty
+      s = cv.shape[2] if kv_len is None else min(int(kv_len), cv.shape[2])
+      keys, values = ck[..., :s], cv[:, :, :s]  # the live length: positions >= s are empty
       key_pos = jnp.broadcast_to(jnp.arange(s), (b, s))
     groups = cfg.n_heads // cfg.n_kv_heads
     q = q.reshape(b, t, cfg.n_kv_heads, groups, cfg.head_dim)
@@ -413,10 +421,12 @@ class Critic(nnx.Module):
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:
-  """Zeros KV cache: per layer (k, v) of shape [batch, n_kv_heads, length, head_dim]."""
+  """Zeros KV cache: per layer (k [batch, n_kv_heads, head_dim, length] -- keys transposed, see
+  the module docstring -- and v [batch, n_kv_heads, length, head_dim])."""
   dtype = dtype or cfg.compute_dtype
-  shape = (batch, cfg.n_kv_heads, length, cfg.head_dim)
-  return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in range(cfg.n_layers)]
+  kshape = (batch, cfg.n_kv_heads, cfg.head_dim, length)
+  vshape = (batch, cfg.n_kv_heads, length, cfg.head_dim)
+  return [(jnp.zeros(kshape, dtype), jnp.zeros(vshape, dtype)) for _ in range(cfg.n_layers)]
 
 
 def default_positions(tokens: jax.Array) -> jax.Array:
