@@ -2,11 +2,13 @@
 tree (and the working tree with the live-length bucket off), same params, the sampler
 benchmark's small config and workload (``bench_sampler``: 16-token prompts, ``--new`` tokens).
 
-    python benchmarks/ab_engine.py [--commit a136f52] [--batches 8,32,128] [--repeats 4]
+    python benchmarks/ab_engine.py [--commit a136f52] [--batches 8,32,128] [--repeats 4] [--decode_steps 8]
 
 The old ``models/transformer.py`` and ``rollout/engine.py`` are read with ``git show`` into a
 temporary folder and imported as separate modules. Decode-only medians skip the first timed
-round; "total" includes the B prefills + inserts.
+round; "total" includes the prefills. Engines with ``generate_steps`` (both sides from
+``c4451f2`` on) run the batched path when ``--decode_steps`` > 1: one ``prefill_insert``, then
+``new / decode_steps`` calls of ``generate_steps``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ def main():
   ap.add_argument("--commit", default="a136f52")
   ap.add_argument("--batches", default="8,32,128")
   ap.add_argument("--new", type=int, default=64)
+  ap.add_argument("--decode_steps", type=int, default=8,
+                  help="tokens per generate_steps call, for engines that have it (1: the "
+                       "JetStream API, one prefill + insert per prompt and one generate per token)")
   args = ap.parse_args()
   new, prompt = (4, 16) if args.quick else (args.new, bench_sampler.PROMPT)
   batches = [2] if args.quick else [int(x) for x in args.batches.split(",")]
@@ -66,16 +71,26 @@ def main():
       decode = {k: [] for k in engines}
 
       def rollout(name, engine):
+        batched = args.decode_steps > 1 and hasattr(engine, "generate_steps")
+
         def run():
           state = engine.init_decode_state()
-          for i in range(b):
-            pre = engine.prefill(params=params, padded_tokens=prompts[i], true_length=prompt)
-            state = engine.insert(pre, state, i)
+          if batched:
+            state, _, _ = engine.prefill_insert(params, state, range(b), prompts)
+          else:
+            for i in range(b):
+              pre = engine.prefill(params=params, padded_tokens=prompts[i], true_length=prompt)
+              state = engine.insert(pre, state, i)
           jax.block_until_ready(state)
           t0, toks = time.perf_counter(), []
-          for _ in range(new):
-            state, res = engine.generate(params, state)
-            toks.append(res.data)
+          if batched:
+            for _ in range(new // args.decode_steps):
+              state, tok, _ = engine.generate_steps(params, state, args.decode_steps)
+              toks.append(tok)
+          else:
+            for _ in range(new):
+              state, res = engine.generate(params, state)
+              toks.append(res.data)
           jax.block_until_ready(toks)
           decode[name].append(time.perf_counter() - t0)
           return state.tokens

@@ -16,8 +16,11 @@ sampling at temperature 1 with log-probs; "ours_api": the JetStream-API path in 
 (B one-row ``prefill`` + ``insert`` calls, then ``--new`` one-step ``generate`` calls), the A/B of
 those two changes. HF: at each of ``--torch_threads`` (default 1 and 2; the faster one counts), ``do_sample=True, top_k=0,
 top_p=1``, ``min_new_tokens = max_new_tokens``. Tunix: one ``Sampler.__call__`` (prefill + a
-compiled decode loop) in its *greedy* mode, its cheapest (its temperature sampling goes through
-top-p / top-k, which sort the vocabulary), cache of ``16 + new`` positions. tokens/s =
+compiled decode loop), cache of ``16 + new`` positions, at temperature 1 with ``top_p=1.0``, no
+top-k and ``return_logprobs=True`` -- the same work as ours (with top_p 1 and no top-k Tunix 0.1.7
+skips its vocabulary sort and draws with ``jax.random.categorical``); "ours/tunix" compares these.
+Both again in greedy mode ("ours_greedy" = the engine at temperature 0, "tunix_greedy"), each
+side's cheapest. tokens/s =
 B * new / wall time (prefill included for every peer; "ours decode-only" excludes it). Bound:
 per decode step the weights plus the KV cache of the average context must be read once:
 (weight bytes + KV bytes) / measured bandwidth. Roofline: the lower of that and the compute
@@ -94,9 +97,13 @@ def tunix_peer(cfg: ModelConfig, hf_dir: str, new: int):
       cache_size=PROMPT + new, num_layers=cfg.n_layers, num_kv_heads=cfg.n_kv_heads,
       head_dim=cfg.head_dim))
 
-  def run(prompts):
+  def run(prompts, greedy=False):
+    # sampling: temperature 1, top_p 1.0 and no top_k, so Tunix skips its sort and draws with
+    # jax.random.categorical; log-probs returned -- the work our engine does per token
+    mode = {"temperature": 0.0} if greedy else {"temperature": 1.0, "top_p": 1.0, "top_k": None,
+                                                 "return_logprobs": True, "seed": 0}
     out = sampler([" ".join(map(str, p)) for p in prompts], max_generation_steps=new,
-                  max_prompt_length=PROMPT, eos_tokens=[cfg.vocab_size], temperature=0.0)
+                  max_prompt_length=PROMPT, eos_tokens=[cfg.vocab_size], **mode)
     return out.tokens
 
   return run
@@ -152,15 +159,17 @@ def main():
     if new % steps:
       raise ValueError(f"--new={new} must be a multiple of --decode_steps={steps}")
 
-    def ours():
-      state, _, _ = engine.prefill_insert(params, engine.init_decode_state(), range(b), prompts)
+    def ours(temperature=None):
+      state, _, _ = engine.prefill_insert(params, engine.init_decode_state(), range(b), prompts,
+                                          temperature)
       jax.block_until_ready(state)
       t0 = __import__("time").perf_counter()
       toks = []
       for _ in range(new // steps):
-        state, tok, _ = engine.generate_steps(params, state, steps)
+        state, tok, _ = engine.generate_steps(params, state, steps, temperature)
         toks.append(tok)  # (generate_steps returns host arrays: every call syncs, as in a rollout)
-      decode_only.append(__import__("time").perf_counter() - t0)
+      if temperature is None:
+        decode_only.append(__import__("time").perf_counter() - t0)
       return state.tokens
 
     def ours_api():
@@ -181,10 +190,11 @@ def main():
                              max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=0,
                              top_p=1.0, temperature=1.0, pad_token_id=0)
 
-    peers = {"ours": ours, "ours_api": ours_api}
+    peers = {"ours": ours, "ours_greedy": lambda: ours(0.0), "ours_api": ours_api}
     peers.update({f"hf{n}": (lambda n=n: theirs(n)) for n in torch_threads})
     if tunix_run is not None:
       peers["tunix"] = lambda: tunix_run(prompts)
+      peers["tunix_greedy"] = lambda: tunix_run(prompts, greedy=True)
     times = common.time_interleaved(peers, warmup=1, repeats=repeats)
     cache_sizes[b] = {"generate": engine._generate_jit._cache_size(),  # pylint: disable=protected-access
                       "prefill": engine._prefill_jit._cache_size(),  # pylint: disable=protected-access
@@ -209,7 +219,9 @@ def main():
            "ours/hf": mh / mo}
     if "tunix" in times:
       mt = common.median(times["tunix"])
-      row.update({"tunix tok/s": b * new / mt, "ours/tunix": mt / mo})
+      mtg, mog = common.median(times["tunix_greedy"]), common.median(times["ours_greedy"])
+      row.update({"tunix tok/s": b * new / mt, "ours/tunix": mt / mo,
+                  "tunix_greedy tok/s": b * new / mtg, "ours_greedy/tunix_greedy": mtg / mog})
     row.update({"ours decode-only tok/s": b * new / md, "bound tok/s": bound,
                 "ours decode / bound": b * new / md / bound,
                 "compute bound tok/s": flops / tok_flops,
