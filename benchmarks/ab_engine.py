@@ -2,7 +2,7 @@
 tree (and the working tree with the live-length bucket off), same params, the sampler
 benchmark's small config and workload (``bench_sampler``: 16-token prompts, ``--new`` tokens).
 
-    python benchmarks/ab_engine.py [--commit a136f52] [--batches 8,32,128] [--repeats 4] [--decode_steps 8]
+    python benchmarks/ab_engine.py [--commit a136f52] [--batches 8,32,128] [--repeats 4] [--decode_steps 8] [--max_seq_len 512]
 
 The old ``models/transformer.py`` and ``rollout/engine.py`` are read with ``git show`` into a
 temporary folder and imported as separate modules. Decode-only medians skip the first timed
@@ -13,6 +13,7 @@ round; "total" includes the prefills. Engines with ``generate_steps`` (both side
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -48,6 +49,9 @@ def main():
   ap.add_argument("--commit", default="a136f52")
   ap.add_argument("--batches", default="8,32,128")
   ap.add_argument("--new", type=int, default=64)
+  ap.add_argument("--max_seq_len", type=int, default=0,
+                  help="model max_seq_len (the cache holds max_seq_len + 1 positions); 0: prompt "
+                       "+ new, the cache the workload fills")
   ap.add_argument("--decode_steps", type=int, default=8,
                   help="tokens per generate_steps call, for engines that have it (1: the "
                        "JetStream API, one prefill + insert per prompt and one generate per token)")
@@ -57,6 +61,8 @@ def main():
   with tempfile.TemporaryDirectory() as d:
     old_engine, old_tf = _old_modules(args.commit, d)
     cfg = bench_sampler.config(args.quick, new)
+    if args.max_seq_len:  # a longer cache than the workload fills: where the live length counts
+      cfg = dataclasses.replace(cfg, max_seq_len=args.max_seq_len)
     ocfg = old_tf.ModelConfig(**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__})
     graphdef, params = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
     params = nnx.to_pure_dict(params)

@@ -13,15 +13,13 @@ causal mask), prefill (a chunk appended after an existing KV cache) and decoding
 row, every row at its own position). The KV cache is a plain pytree:
 ``[(k, v) for each layer]`` with ``k: [batch, n_kv_heads, head_dim, cache_len]`` (keys stored
 transposed, positions last) and ``v: [batch, n_kv_heads, cache_len, head_dim]``. Both
-contractions batch over (batch, head), the leading axes, with no transpose of the cache, and each
-reads its cache operand along its contiguous last axis: q.k contracts head_dim against
-``k [.., D, S]`` (a [G, D] x [D, S] product per head) and p.v contracts positions against
-``v [.., S, D]`` ([G, S] x [S, D]). With keys as ``[.., S, D]`` the q.k product reduced over the
-contiguous D axis: 1.6-2.2x slower decode attention at batch 8-128 on XLA:CPU
-(``benchmarks/RESULTS.md`` section 2). One decode step writes one position of every row in
-place, see ``write_cache``.
-A cached call can attend over only the first ``kv_len`` cache positions (the live length,
-bucketed by the caller) instead of the whole cache.
+contractions batch over (batch, head), the leading axes, with no transpose of the cache, and both
+are plain row-major products per (row, kv head): q.k is [G, D] x ``k [D, S]`` and p.v is [G, S] x
+``v [S, D]``. With keys as ``[S, D]``, q.k was a 32-wide dot along D per position: decode
+attention 1.4-2.2x slower at batch 8-128 on XLA:CPU (``benchmarks/RESULTS.md`` section 2). One
+decode step writes one position of every row in place, see ``write_cache``. A cached call can
+attend over only the first ``kv_len`` cache positions (the live length, bucketed by the caller)
+instead of the whole cache.
 
 Parameter paths (pure dicts from ``nnx.to_pure_dict``)::
 
