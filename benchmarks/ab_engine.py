@@ -57,6 +57,9 @@ def main():
                        "JetStream API, one prefill + insert per prompt and one generate per token)")
   args = ap.parse_args()
   new, prompt = (4, 16) if args.quick else (args.new, bench_sampler.PROMPT)
+  args.decode_steps = max(1, min(args.decode_steps, new))  # --quick: 4 new tokens
+  if new % args.decode_steps:
+    raise ValueError(f"--new={new} must be a multiple of --decode_steps={args.decode_steps}")
   batches = [2] if args.quick else [int(x) for x in args.batches.split(",")]
   with tempfile.TemporaryDirectory() as d:
     old_engine, old_tf = _old_modules(args.commit, d)
@@ -98,6 +101,10 @@ def main():
               state, res = engine.generate(params, state)
               toks.append(res.data)
           jax.block_until_ready(toks)
+          lengths = getattr(state, "host_lengths", None)  # older engines do not track them
+          if lengths is not None and min(lengths) != min(prompt + new, cfg.max_seq_len):
+            raise RuntimeError(f"{name}: the timed block decoded to lengths {set(lengths)}, "
+                               f"not {prompt} + {new}")
           decode[name].append(time.perf_counter() - t0)
           return state.tokens
         return run

@@ -57,6 +57,18 @@ def test_sampler_quick(tmp_path):
   assert rec["jit_cache_sizes"]["1"]["generate"] == 1
 
 
+def test_ab_engine_quick_decodes_what_it_times(tmp_path):
+  """The working tree's engine against HEAD's (read with ``git show``); the script checks that
+  every timed block decoded ``--new`` tokens per row (with 4 new tokens and 8 steps per call it
+  once timed none)."""
+  if subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                    check=False).returncode:
+    pytest.skip("not a git checkout: ab_engine reads the old engine with git show")
+  rec = _run("ab_engine.py", tmp_path, "--commit", "HEAD")
+  assert [r["batch"] for r in rec["rows"]] == [2]
+  assert all(r[k] > 0 for r in rec["rows"] for k in ("old decode tok/s", "new decode tok/s"))
+
+
 @pytest.mark.parametrize("mode", ["sao"])
 def test_pipeline_quick(tmp_path, mode):
   """The long-tailed setting (tool latency, env.step on a thread pool) through the whole job."""

@@ -15,7 +15,7 @@ row, every row at its own position). The KV cache is a plain pytree:
 transposed, positions last) and ``v: [batch, n_kv_heads, cache_len, head_dim]``. Both
 contractions batch over (batch, head), the leading axes, with no transpose of the cache, and both
 are plain row-major products per (row, kv head): q.k is [G, D] x ``k [D, S]`` and p.v is [G, S] x
-``v [S, D]``. With keys as ``[S, D]``, q.k was a 32-wide dot along D per position: decode
+``v [S, D]``. With keys as ``[S, D]``, q.k was a head_dim-wide dot per position: decode
 attention 1.4-2.2x slower at batch 8-128 on XLA:CPU (``benchmarks/RESULTS.md`` section 2). One
 decode step writes one position of every row in place, see ``write_cache``. A cached call can
 attend over only the first ``kv_len`` cache positions (the live length, bucketed by the caller)

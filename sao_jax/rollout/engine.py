@@ -39,9 +39,12 @@ bucket ``kv_bucket * 2**i`` above the longest slot, or the whole cache when that
 than half of it, so the number of compiled shapes stays ~log2(cache_len / kv_bucket). (The
 cut-off is measured on XLA:CPU: slicing the cache costs a copy of the live part, which loses to
 reading a cache-resident cache in full -- 0.51 vs 0.23 ms for 64 of 96 positions at batch 32 --
-and wins 2.4-3.3x once the cache spills: 128 of 512, 256 of 1024 positions.) The engine knows every slot's length on the
-host (``DecodeState.host_lengths``, ``Prefix.host_length``: static fields, stripped before each
-jitted call so they never key a compile) and so picks the bucket without waiting on the device.
+and wins 2.4-3.3x once the cache spills: 128 of 512, 256 of 1024 positions, attention alone,
+keys then stored ``[S, D]``; with keys transposed the whole engine decodes 1.7-1.9x faster with
+it at 513 positions, batch 32-128, and a quarter-cache cut-off measured the same as half:
+``benchmarks/RESULTS.md`` section 2.) The engine knows every slot's length on the host
+(``DecodeState.host_lengths``, ``Prefix.host_length``: static fields, stripped before each jitted
+call so they never key a compile) and so picks the bucket without waiting on the device.
 Idle slots still advance (``generate`` computes every slot), so a drained slot's length -- and
 with it the bucket -- grows until the slot is refilled.
 """
