@@ -9,7 +9,8 @@ Steps (see ``sao_jax/envs/sandbox.py`` for what each one enforces):
      interpreter's prefix bind-mounted back read-only, a fresh size-limited tmpfs on /tmp (the
      only writable place, and the working directory), / remounted read-only, a fresh /proc.
   4. child: resource limits, no-new-privileges, drop to the run's uid (``sandbox.sandbox_uid``)
-     and gid ``nogroup`` (RLIMIT_NPROC only binds a non-root user), exec ``python -I -S -B /tmp/main.py`` with a scrubbed environment.
+     and gid ``nogroup`` (RLIMIT_NPROC only binds a non-root user), exec ``python -I -S -B``
+     on the program (``PROGRAM``, in the sandbox's own /tmp) with a scrubbed environment.
   5. PID 1 forks the program (PID 1 would ignore default-action signals such as SIGXCPU), waits
      and relays its status; the launcher does the same.
   6. launcher: waits and exits with the child's code, or 128 + signal number.
@@ -22,6 +23,10 @@ import os
 import resource
 import signal
 import sys
+
+# where the untrusted program is written: inside the fresh tmpfs mounted on /tmp in step 3 (the
+# sandbox's own /tmp, not the host's)
+PROGRAM = "/tmp/main.py"
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
@@ -74,9 +79,9 @@ def _child(cfg, code: bytes):
     _libc.umount2(stage.encode(), 2)
   _mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV,
          f"size={cfg['tmp_bytes']},mode=1777")
-  with open("/tmp/main.py", "wb") as f:
+  with open(PROGRAM, "wb") as f:
     f.write(code)
-  os.chmod("/tmp/main.py", 0o644)
+  os.chmod(PROGRAM, 0o644)
   _mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY)
   _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV)
   os.chdir("/tmp")
@@ -99,7 +104,7 @@ def _child(cfg, code: bytes):
   pid = os.fork()
   if pid == 0:
     _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
-    os.execve(cfg["python"], [cfg["python"], "-I", "-S", "-B", "/tmp/main.py"], env)
+    os.execve(cfg["python"], [cfg["python"], "-I", "-S", "-B", PROGRAM], env)
   _exit_like(pid)
 
 
