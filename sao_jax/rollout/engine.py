@@ -113,6 +113,46 @@ def first_argmax(x: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(x == top, iota, x.shape[-1] - 1), axis=-1)
 
 
+def inverse_cdf_tokens(probs: jax.Array, uniforms: jax.Array) -> jax.Array:
+  """Draws one index per row of ``probs`` by a two-level inverse CDF.
+
+  probs: float32 [..., V], non-negative, not necessarily normalised (a row needs some mass);
+  uniforms: float32 [..., 2] in [0, 1). Returns int32 [...]: index i with probability
+  ``probs[i] / sum(probs)`` (up to float32 rounding of the partial sums).
+
+  The vocabulary is cut into ``nb`` blocks of ``bs`` (``bs`` the power of two >= sqrt(V), the
+  tail padded with zeros). The first uniform picks a block by the cumulative block masses, the
+  second a token inside it by that block's cumulative masses: P(block) * P(token | block) =
+  probs[i] / sum(probs). Both cumulative sums are small triangular matmuls (``HIGHEST``
+  precision, so no bf16/TF32 passes on an accelerator). Each level takes the first entry *with
+  mass* whose cumulative sum exceeds u * total, so an entry of probability 0 (a -inf logit) is
+  never drawn even where the matmul's rounding makes a zero-mass entry's sum differ from its
+  predecessor's; a row with no such entry (u * total rounded up, or no mass at all) takes its
+  last entry with mass (index 0 for an all-zero row). Only two random numbers per row are drawn: on XLA:CPU
+  this is 0.21 ms for [32, 4096] against 1.23 ms for Gumbel-max, whose threefry bits for every
+  vocabulary entry are most of its cost (``benchmarks/RESULTS.md`` section 2).
+  """
+  *lead, v = probs.shape
+  bs = 1 << int(np.ceil(np.log2(np.sqrt(v))))
+  nb = -(-v // bs)
+  if nb * bs != v:
+    probs = jnp.pad(probs, [(0, 0)] * len(lead) + [(0, nb * bs - v)])
+  blocks = probs.reshape(*lead, nb, bs)
+
+  def pick(mass, u):  # mass [..., n] -> the first entry with mass whose cumulative sum > u * total
+    n = mass.shape[-1]
+    cum = jnp.matmul(mass, jnp.triu(jnp.ones((n, n), mass.dtype)),
+                     precision=jax.lax.Precision.HIGHEST)
+    iota = jnp.arange(n)
+    above = (cum > (u * cum[..., -1])[..., None]) & (mass > 0)
+    last = jnp.max(jnp.where(mass > 0, iota, 0), axis=-1)
+    return jnp.minimum(jnp.min(jnp.where(above, iota, n), axis=-1), last)
+
+  block = pick(blocks.sum(-1), uniforms[..., 0])
+  inner = jnp.take_along_axis(blocks, block[..., None, None], axis=-2)[..., 0, :]
+  return (block * bs + pick(inner, uniforms[..., 1])).astype(jnp.int32)
+
+
 def sample_tokens(logits: jax.Array, rng: jax.Array, temperature) -> tuple[jax.Array, jax.Array]:
   """Samples from softmax(logits / temperature); greedy when temperature == 0.
 
@@ -120,18 +160,19 @@ def sample_tokens(logits: jax.Array, rng: jax.Array, temperature) -> tuple[jax.A
   Returns: (tokens int32 [...], logprobs float32 [...]) where logprobs is the log-probability
   of each token under the distribution it was drawn from (temperature 1 when greedy).
 
-  Gumbel-max, the same draw as ``jax.random.categorical(rng, logp)`` (the same Gumbel noise,
-  so the same tokens for the same key) with its variadic argmax replaced by ``first_argmax``:
-  1.03 vs 2.89 ms for [32, 4096] on XLA:CPU (``benchmarks/RESULTS.md`` section 2).
+  The draw is ``inverse_cdf_tokens(exp(logp), uniform(rng, [..., 2]))``: exact sampling from
+  the tempered distribution with two random numbers per row, not one per vocabulary entry as
+  in Gumbel-max (``jax.random.categorical``), whose draws cost 5-6x more on XLA:CPU. Greedy
+  is the first argmax of the logits (``first_argmax``).
   """
   t = jnp.asarray(temperature, jnp.float32)
   greedy = t <= 0.0
   logp = jax.nn.log_softmax(logits / jnp.where(greedy, 1.0, t), axis=-1)
-  # a cond, not a select: greedy decoding (eval) skips the [..., V] Gumbel draws, which are most
-  # of the sampling cost (threefry bits: ~0.8 of 1.1 ms at [32, 4096] on XLA:CPU)
+  # a cond, not a select: greedy decoding (eval) skips the sampling work
   tokens = jax.lax.cond(
       greedy, lambda: first_argmax(logits),
-      lambda: first_argmax(jax.random.gumbel(rng, logp.shape, logp.dtype) + logp))
+      lambda: inverse_cdf_tokens(jnp.exp(logp),
+                                 jax.random.uniform(rng, (*logp.shape[:-1], 2), logp.dtype)))
   tokens = tokens.astype(jnp.int32)
   return tokens, jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
 
