@@ -259,6 +259,45 @@ def test_batched_prefill_and_multi_step_decode_equal_the_one_at_a_time_path():
   np.testing.assert_allclose(lp, np.stack([l for _, l in one], 1), atol=1e-5)
 
 
+def test_prefill_insert_appends_an_observation_in_place_equal_to_a_full_forward():
+  """Greedy: two slots decode 6 tokens each in one ``generate_steps`` call; slot 1's turn
+  "ended" after its 3rd token, so an observation chunk [ended token, 6, 7, 8, 9] is appended at
+  its true length with ``prefill_insert(starts=)`` (the decode state ran 3 positions past it,
+  which the chunk overwrites), then both decode 5 more. Both sequences equal a full forward
+  pass (argmax, log-probs within 1e-5; observation tokens are not scored); slot 0's cache is
+  bitwise untouched by the append, and slot 1's before its start too (the write is in place)."""
+  model, graphdef, params, _ = _setup(temperature=0.0, slots=2)
+  engine = SAOEngine(CFG, graphdef, Tok(), max_concurrent_decodes=2, max_prefill_length=16,
+                     temperature=0.0, seed=0, kv_bucket=8)
+  prompts = [[1, 11, 12, 13], [1, 20, 21]]
+  state, first, first_lp = engine.prefill_insert(params, engine.init_decode_state(), [0, 1],
+                                                 prompts)
+  state, toks, lp = engine.generate_steps(params, state, 6)
+  seq0, lp0 = prompts[0] + [int(first[0])] + toks[0].tolist(), [float(first_lp[0])] + lp[0].tolist()
+  kept = [int(first[1])] + toks[1, :2].tolist()  # slot 1's turn: 3 tokens, the last ends it
+  seq1, lp1 = prompts[1] + kept, [float(first_lp[1])] + lp[1, :2].tolist()
+  before = jax.tree.map(np.asarray, state.cache)
+  start = len(seq1) - 1  # the ending token is sampled, not cached
+  state, tok, tlp = engine.prefill_insert(params, state, [1], [[seq1[-1], 6, 7, 8, 9]], rows=1,
+                                          starts=[start])
+  assert state.host_lengths == (len(seq0) - 1, start + 5)
+  for (k0, v0), (k1, v1) in zip(before, state.cache):
+    np.testing.assert_array_equal(np.asarray(k1)[0], k0[0])
+    np.testing.assert_array_equal(np.asarray(v1)[0], v0[0])
+    np.testing.assert_array_equal(np.asarray(k1)[1, ..., :start], k0[1, ..., :start])
+  seq1 += [6, 7, 8, 9, int(tok[0])]
+  obs_lps = [float(tlp[0])]
+  state, toks, lp = engine.generate_steps(params, state, 5)
+  seq0 += toks[0].tolist()
+  lp0 += lp[0].tolist()
+  seq1 += toks[1].tolist()
+  obs_lps += lp[1].tolist()
+  _assert_greedy_equals_full_forward(model, prompts[0], seq0, lp0)
+  n = len(prompts[1]) + len(kept)
+  _assert_greedy_equals_full_forward(model, prompts[1], seq1[:n], lp1)
+  _assert_greedy_equals_full_forward(model, seq1[:n + 4], seq1, obs_lps)
+
+
 def test_multi_step_decode_rollout_logprobs_equal_recomputed_inline_and_pooled():
   """``RolloutWorker(decode_steps=4)``: turns end part-way through an engine call (stop tokens,
   ``max_new_tokens``), the rest of the call is discarded, observations are prefilled at the
@@ -292,6 +331,12 @@ def test_prefill_insert_and_generate_steps_refuse_bad_input_naming_the_fix():
     engine.prefill_insert(params, state, [0], [list(range(1, 20))])
   with pytest.raises(ValueError, match="rows=1 < 2"):
     engine.prefill_insert(params, state, [0, 1], [[1, 2], [1, 3]], rows=1)
+  with pytest.raises(ValueError, match="1 starts for 2 slots"):
+    engine.prefill_insert(params, state, [0, 1], [[1, 2], [1, 3]], starts=[0])
+  with pytest.raises(ValueError, match="starts=3 for slot 0, whose cache holds 0 positions"):
+    engine.prefill_insert(params, state, [0], [[1, 2]], starts=[3])
+  with pytest.raises(ValueError, match=f"model.max_seq_len={CFG.max_seq_len}"):
+    engine.prefill_insert(params, state, [0], [[1, 2]], starts=[CFG.max_seq_len - 2])
   with pytest.raises(ValueError, match="rollout.decode_steps"):
     engine.generate_steps(params, state, 0)
   with pytest.raises(ValueError, match="rollout.decode_steps=0 must be >= 1"):

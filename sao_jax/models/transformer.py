@@ -143,18 +143,21 @@ def _attend_cached(q, keys, values, mask):
   return jnp.einsum("bktgs,bksd->btkgd", probs, values.astype(q.dtype))
 
 
-def write_cache(c: jax.Array, u: jax.Array, start: jax.Array, *, keys: bool = False) -> jax.Array:
-  """Writes row b's chunk ``u[b]`` at cache positions ``start[b] .. start[b] + T - 1``;
-  positions >= S (the padded tail of a prefill chunk near the end) are dropped.
+def write_cache(c: jax.Array, u: jax.Array, start: jax.Array, *, keys: bool = False,
+                rows: Optional[jax.Array] = None) -> jax.Array:
+  """Writes chunk ``u[b]`` into cache row ``rows[b]`` (default b) at cache positions
+  ``start[b] .. start[b] + T - 1``; positions >= S (the padded tail of a prefill chunk near the
+  end) and rows >= the cache's batch (padding rows) are dropped.
 
-  c: one layer's values [B, K, S, D], or with ``keys=True`` its keys [B, K, D, S]; u: [B, T, K,
-  D] (the projection's layout); start: int32 [B]. Returns the updated cache. One scatter of the
+  c: one layer's values [N, K, S, D], or with ``keys=True`` its keys [N, K, D, S]; u: [B, T, K,
+  D] (the projection's layout); start: int32 [B]; rows: int32 [B] distinct, or None (B == N).
+  Returns the updated cache. One scatter of the
   B * T new entries: under jit with the cache donated (the engine's decode state) it updates the
   cache in place, with no copy of the cache per step (the former vmapped
   ``dynamic_update_slice`` over [B, S, K, D] was lowered to copies: 24% of a batch-32 decode
   step)."""
   b, t = u.shape[:2]
-  rows = jnp.arange(b, dtype=jnp.int32)[:, None]
+  rows = (jnp.arange(b, dtype=jnp.int32) if rows is None else rows.astype(jnp.int32))[:, None]
   cols = start.astype(jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
   # [B, T] index arrays on two axes split by slices: the indexed shape is [B, T, K, D], u's
   at = c.at[rows, :, :, cols] if keys else c.at[rows, :, cols]
@@ -177,7 +180,7 @@ class Attention(nnx.Module):
       self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_eps, cfg.params_dtype)
 
   def __call__(self, x, positions, cache: Optional[tuple] = None, key_mask=None,
-               kv_len: Optional[int] = None):
+               kv_len: Optional[int] = None, cache_rows: Optional[jax.Array] = None):
     cfg = self.cfg
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, cfg.n_heads, cfg.head_dim)
@@ -194,10 +197,15 @@ class Attention(nnx.Module):
     else:
       ck, cv = cache
       start = positions[:, 0]
-      ck, cv = write_cache(ck, k, start, keys=True), write_cache(cv, v, start)
+      ck = write_cache(ck, k, start, keys=True, rows=cache_rows)
+      cv = write_cache(cv, v, start, rows=cache_rows)
       new_cache = (ck, cv)
       s = cv.shape[2] if kv_len is None else min(int(kv_len), cv.shape[2])
-      keys, values = ck[..., :s], cv[:, :, :s]  # the live length: positions >= s are empty
+      if cache_rows is None:  # the live length: positions >= s are empty
+        keys, values = ck[..., :s], cv[:, :, :s]
+      else:  # one gather of the rows' live part (padding rows >= N read a clipped row)
+        keys = ck.at[cache_rows, :, :, :s].get(mode="clip")
+        values = cv.at[cache_rows, :, :s].get(mode="clip")
       key_pos = jnp.broadcast_to(jnp.arange(s), (b, s))
     groups = cfg.n_heads // cfg.n_kv_heads
     q = q.reshape(b, t, cfg.n_kv_heads, groups, cfg.head_dim)
@@ -299,8 +307,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.d_model, cfg.rms_eps, cfg.params_dtype)
     self.mlp = MoE(cfg, rngs) if layer in cfg.moe_layers else MLP(cfg, rngs)
 
-  def __call__(self, x, positions, cache=None, key_mask=None, kv_len=None):
-    h, new_cache = self.attn(self.attn_norm(x), positions, cache, key_mask, kv_len)
+  def __call__(self, x, positions, cache=None, key_mask=None, kv_len=None, cache_rows=None):
+    h, new_cache = self.attn(self.attn_norm(x), positions, cache, key_mask, kv_len, cache_rows)
     x = x + h
     m, router_logits = self.mlp(self.mlp_norm(x))
     return x + m, new_cache, router_logits
@@ -321,6 +329,10 @@ class Transformer(nnx.Module):
     kv_len: optional static int (cache calls only): attend over cache positions < kv_len only;
       must exceed every position in ``positions`` (the caller's live-length bucket). None = the
       whole cache.
+    cache_rows: optional int32 [B] (cache calls only): the cache rows the B input rows read and
+      write, distinct, for a cache of any batch N (the engine's prefill of chunks straight into
+      decode slots: only the chunk's new entries are written, in place under donation). Rows
+      >= N are padding: their writes are dropped. None = row b uses cache row b (N == B).
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -332,22 +344,24 @@ class Transformer(nnx.Module):
     if not cfg.tie_embeddings:
       self.lm_head = _linear(rngs, cfg.d_model, cfg.vocab_size, cfg)
 
-  def _run(self, tokens, positions, cache, attention_mask, kv_len=None):
+  def _run(self, tokens, positions, cache, attention_mask, kv_len=None, cache_rows=None):
     if cache is not None and attention_mask is not None:
       raise ValueError("attention_mask is only supported without a KV cache.")
     x = self.embed(tokens).astype(self.cfg.compute_dtype)
     new_cache, router_logits = [], []
     for i, layer in enumerate(self.layers):
-      x, c, r = layer(x, positions, None if cache is None else cache[i], attention_mask, kv_len)
+      x, c, r = layer(x, positions, None if cache is None else cache[i], attention_mask, kv_len,
+                      cache_rows)
       new_cache.append(c)
       if r is not None:
         router_logits.append(r)
     return self.final_norm(x), (None if cache is None else new_cache), router_logits
 
   def hidden(self, tokens, positions, cache: Optional[KVCache] = None, attention_mask=None,
-             kv_len: Optional[int] = None):
-    """Final normed hidden states [B, T, D] (compute dtype) and the new cache."""
-    h, new_cache, _ = self._run(tokens, positions, cache, attention_mask, kv_len)
+             kv_len: Optional[int] = None, cache_rows: Optional[jax.Array] = None):
+    """Final normed hidden states [B, T, D] (compute dtype) and the new cache (arguments as
+    ``__call__``)."""
+    h, new_cache, _ = self._run(tokens, positions, cache, attention_mask, kv_len, cache_rows)
     return h, new_cache
 
   def logits_from_hidden(self, h):
@@ -359,8 +373,8 @@ class Transformer(nnx.Module):
     return self.lm_head(h).astype(acc)
 
   def __call__(self, tokens, positions, cache: Optional[KVCache] = None, *, attention_mask=None,
-               kv_len: Optional[int] = None):
-    h, new_cache, _ = self._run(tokens, positions, cache, attention_mask, kv_len)
+               kv_len: Optional[int] = None, cache_rows: Optional[jax.Array] = None):
+    h, new_cache, _ = self._run(tokens, positions, cache, attention_mask, kv_len, cache_rows)
     return self.logits_from_hidden(h), new_cache
 
   def forward_with_aux(self, tokens, positions, attention_mask=None):

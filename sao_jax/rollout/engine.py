@@ -12,9 +12,11 @@ Continuous batching over ``max_concurrent_decodes`` decode slots, the JetStream 
 Two batched calls beside the JetStream API, which the rollout worker uses (``benchmarks/
 bench_sampler.py`` measures both paths in one run):
 
-* ``prefill_insert(params, decode_state, slots, prompts)`` prefills several fresh prompts in one
-  compiled call and writes their caches into their slots (one scatter per layer, in place under
-  donation) instead of one ``prefill`` + ``insert`` pair per prompt;
+* ``prefill_insert(params, decode_state, slots, prompts, starts=)`` prefills several chunks in
+  one compiled call straight into their slots' rows of the decode-state cache (one scatter of
+  the new entries per layer, in place under donation): fresh prompts (``starts`` 0) instead of
+  one ``prefill`` + ``insert`` pair per prompt, and multi-turn observations after a slot's true
+  length instead of ``slot_prefix`` + ``prefill`` + ``insert``;
 * ``generate_steps(params, decode_state, n)`` runs ``n`` decode steps in one ``lax.scan`` (the
   same key splits as ``n`` ``generate`` calls, so the same draws) and returns the tokens and
   log-probs ``[slots, n]``; the host checks stops once per call and discards what a slot sampled
@@ -46,7 +48,10 @@ it at 513 positions, batch 32-128, and a quarter-cache cut-off measured the same
 (``DecodeState.host_lengths``, ``Prefix.host_length``: static fields, stripped before each jitted
 call so they never key a compile) and so picks the bucket without waiting on the device.
 Idle slots still advance (``generate`` computes every slot), so a drained slot's length -- and
-with it the bucket -- grows until the slot is refilled.
+with it the bucket -- grows until the slot is refilled. Cache positions at or past a slot's
+length are never read (the causal mask on absolute positions hides them), so neither idle
+decoding nor a new prompt needs to clear them: ``prefill_insert`` writes a fresh prompt, or a
+multi-turn observation after a slot's true length, straight into the decode state.
 """
 
 from __future__ import annotations
@@ -128,9 +133,10 @@ def inverse_cdf_tokens(probs: jax.Array, uniforms: jax.Array) -> jax.Array:
   mass* whose cumulative sum exceeds u * total, so an entry of probability 0 (a -inf logit) is
   never drawn even where the matmul's rounding makes a zero-mass entry's sum differ from its
   predecessor's; a row with no such entry (u * total rounded up, or no mass at all) takes its
-  last entry with mass (index 0 for an all-zero row). Only two random numbers per row are drawn: on XLA:CPU
-  this is 0.21 ms for [32, 4096] against 1.23 ms for Gumbel-max, whose threefry bits for every
-  vocabulary entry are most of its cost (``benchmarks/RESULTS.md`` section 2).
+  last entry with mass (index 0 for an all-zero row). Only two random numbers per row are
+  drawn: on XLA:CPU this is 0.21 ms for [32, 4096] against 1.23 ms for Gumbel-max, whose
+  threefry bits for every vocabulary entry are most of its cost (``benchmarks/RESULTS.md``
+  section 2).
   """
   *lead, v = probs.shape
   bs = 1 << int(np.ceil(np.log2(np.sqrt(v))))
@@ -267,7 +273,8 @@ class SAOEngine(engine_api.Engine):
                                  static_argnames=("kv_len",))
     self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
     self._slot_prefix_jit = jax.jit(self._slot_prefix_impl)
-    self._prefill_insert_jit = jax.jit(self._prefill_insert_impl, donate_argnums=(1,))
+    self._prefill_insert_jit = jax.jit(self._prefill_insert_impl, donate_argnums=(1,),
+                                       static_argnames=("kv_len",))
     self._generate_steps_jit = jax.jit(self._generate_steps_impl, donate_argnums=(1,),
                                        static_argnames=("kv_len", "num_steps"))
     self._compiled_for = set()  # decode-state shapes whose live-length buckets are compiled
@@ -312,21 +319,20 @@ class SAOEngine(engine_api.Engine):
     state, (tokens, logprobs) = jax.lax.scan(body, state, None, length=num_steps)
     return state, tokens.T, logprobs.T
 
-  def _prefill_insert_impl(self, params, state: DecodeState, slots, tokens, true_lengths, rng,
-                           temperature):
+  def _prefill_insert_impl(self, params, state: DecodeState, slots, tokens, true_lengths,
+                           starts, rng, temperature, *, kv_len):
     n, t = tokens.shape
     model = nnx.merge(self.graphdef, params)
-    cache = init_cache(self.cfg, n, self.cache_len)
-    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (n, t))
-    h, cache = model.hidden(tokens, positions, cache, kv_len=t)
+    positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+    # each chunk straight into its slot's rows of the decode-state cache (writes in place)
+    h, cache = model.hidden(tokens, positions, state.cache, kv_len=kv_len, cache_rows=slots)
     h_last = jnp.take_along_axis(h, (true_lengths - 1)[:, None, None], axis=1)  # [n, 1, D]
     new_tokens, logprobs = sample_tokens(model.logits_from_hidden(h_last)[:, 0], rng,
                                          temperature)
     put = lambda x, u: x.at[slots].set(u.astype(x.dtype), unique_indices=True, mode="drop")
-    state = state.replace(
-        cache=[(put(k, pk), put(v, pv)) for (k, v), (pk, pv) in zip(state.cache, cache)],
-        lengths=put(state.lengths, true_lengths), tokens=put(state.tokens, new_tokens),
-        logprobs=put(state.logprobs, logprobs))
+    state = state.replace(cache=cache, lengths=put(state.lengths, starts + true_lengths),
+                          tokens=put(state.tokens, new_tokens),
+                          logprobs=put(state.logprobs, logprobs))
     return state, new_tokens, logprobs
 
   @staticmethod
@@ -422,42 +428,62 @@ class SAOEngine(engine_api.Engine):
     return state, np.asarray(tokens), np.asarray(logprobs)
 
   def prefill_insert(self, params, decode_state: DecodeState, slots, prompts,
-                     temperature: Optional[float] = None, rows: Optional[int] = None):
-    """Prefills fresh prompts into ``slots`` in one compiled call: the batched form of
-    ``prefill`` + ``insert`` for new sequences (no existing prefix). Rows are right-padded to a
-    common power-of-two length, and the row count to ``rows`` (default: the next power of two;
-    padding rows write nowhere), so compiles stay few: one per (rows, length) bucket.
+                     temperature: Optional[float] = None, rows: Optional[int] = None,
+                     starts=None):
+    """Prefills a chunk into each of ``slots`` in one compiled call and samples each slot's
+    next token: the batched, in-place form of ``prefill`` + ``insert``. With ``starts`` None
+    (or 0) a chunk is a fresh prompt; with ``starts[r] > 0`` it is appended after the slot's
+    first ``starts[r]`` cached positions (a multi-turn observation, after the token that ended
+    the turn), with no ``slot_prefix`` copy out and no ``insert`` copy back: the chunk's keys
+    and values are scattered into the decode-state cache, which is donated. Rows are
+    right-padded to a common power-of-two length, and the row count to ``rows`` (default: the
+    next power of two; padding rows write nowhere), so compiles stay few: one per (rows, length)
+    bucket, and per live-length bucket for fresh prompts (attention over the chunk only) or the
+    whole cache for appended chunks.
 
     slots: sequence of distinct slot indices; prompts: one token-id sequence per slot, each of
-    1 .. ``max_prefill_length`` tokens and shorter than ``max_seq_len``. Returns (new
-    DecodeState, first sampled tokens int32 [len(slots)], their log-probs float32 [...]) as
-    NumPy arrays. Raises ValueError for a length mismatch or an empty / too long prompt."""
+    1 .. ``max_prefill_length`` tokens, with ``start + len`` below ``max_seq_len``; starts: ints
+    >= 0, each at most the slot's cached length (None = all 0). Returns (new DecodeState, the
+    sampled tokens int32 [len(slots)], their log-probs float32 [...]) as NumPy arrays. Raises
+    ValueError for a length mismatch, an empty / too long chunk or a start past a slot's cache."""
     slots, prompts = list(slots), [list(p) for p in prompts]
     if len(slots) != len(prompts) or not slots:
       raise ValueError(f"prefill_insert: {len(slots)} slots for {len(prompts)} prompts")
+    starts = [0] * len(slots) if starts is None else [int(s) for s in starts]
+    if len(starts) != len(slots):
+      raise ValueError(f"prefill_insert: {len(starts)} starts for {len(slots)} slots")
     longest = max(len(p) for p in prompts)
     if min(len(p) for p in prompts) < 1 or longest > self._max_prefill:
       raise ValueError(f"prefill_insert: prompts must have 1..rollout.max_prefill_length="
                        f"{self._max_prefill} tokens; got lengths {[len(p) for p in prompts]}")
-    if longest >= self.cfg.max_seq_len:
-      raise ValueError(f"prefill_insert: a prompt of {longest} tokens does not fit "
+    end = max(s + len(p) for s, p in zip(starts, prompts))
+    if end >= self.cfg.max_seq_len:
+      raise ValueError(f"prefill_insert: a chunk ending at position {end} does not fit "
                        f"model.max_seq_len={self.cfg.max_seq_len}; raise it.")
+    host = list(_host_lengths(decode_state))
+    for slot, s in zip(slots, starts):
+      if not 0 <= s <= host[slot]:
+        raise ValueError(f"prefill_insert: starts={s} for slot {slot}, whose cache holds "
+                         f"{host[slot]} positions; a start must be 0..the cached length")
     t = min(max(8, 1 << (longest - 1).bit_length()), self._max_prefill)
     rows = rows or 1 << (len(slots) - 1).bit_length()
     if rows < len(slots):
       raise ValueError(f"prefill_insert: rows={rows} < {len(slots)} prompts")
     tokens = np.full((rows, t), self.tokenizer.pad_id if self.tokenizer else 0, np.int32)
     lengths = np.ones((rows,), np.int32)
+    first = np.zeros((rows,), np.int32)
     idx = np.full((rows,), self._slots, np.int32)  # out of range: dropped by the scatter
-    for r, (slot, p) in enumerate(zip(slots, prompts)):
-      tokens[r, :len(p)], lengths[r], idx[r] = p, len(p), slot
+    for r, (slot, p, s) in enumerate(zip(slots, prompts, starts)):
+      tokens[r, :len(p)], lengths[r], idx[r], first[r] = p, len(p), slot, s
     temp = jnp.float32(self.temperature if temperature is None else temperature)
-    host = list(_host_lengths(decode_state))
+    # fresh prompts attend over their chunk only; appended chunks over the whole cache (as
+    # ``prefill``: a live-length bucket would multiply the compiled variants)
+    kv_len = t if not any(starts) else None
     state, new_tokens, logprobs = self._prefill_insert_jit(
         params, decode_state.replace(host_lengths=None), jnp.asarray(idx), jnp.asarray(tokens),
-        jnp.asarray(lengths), self._next_key(), temp)
-    for slot, p in zip(slots, prompts):
-      host[slot] = len(p)
+        jnp.asarray(lengths), jnp.asarray(first), self._next_key(), temp, kv_len=kv_len)
+    for slot, p, s in zip(slots, prompts, starts):
+      host[slot] = s + len(p)
     n = len(slots)
     return (state.replace(host_lengths=tuple(host)), np.asarray(new_tokens)[:n],
             np.asarray(logprobs)[:n])

@@ -4,8 +4,10 @@ Each loop iteration: pick up the newest weights (between generate steps), fill f
 prompts (prefill + insert), run one ``generate`` step for all slots, and route every newly sampled
 token to its trajectory. When a turn ends (stop token or per-turn limit) the environment answers:
 either the trajectory is done and is emitted, or its observation tokens are appended to the slot's
-existing KV cache with ``prefill(existing_prefix=...)`` (no recompute of the prefix) and decoding
-continues. Every action token records the engine's log-prob and the policy version that sampled it.
+existing KV cache (no recompute of the prefix) and decoding continues: with ``SAOEngine`` one
+``prefill_insert(..., starts=)`` call writes them into the slot's rows of the decode state in
+place; with another JetStream engine ``slot_prefix`` + ``prefill(existing_prefix=...)`` +
+``insert``. Every action token records the engine's log-prob and the policy version that sampled it.
 
 KV cache across weight updates (``kv_on_update``): "keep" (default) keeps the stale KV of tokens
 cached before the update -- later tokens are sampled by the new weights attending to keys/values
@@ -23,12 +25,14 @@ a new rollout starts only when AReaL's staleness rule allows it.
 Environment steps (``env_workers``): with 0 (the default) ``env.step`` is called inline in the
 decode loop, so a slow step (a tool call that waits on a sandbox) stops decoding for *every* slot
 until it returns; the rollout is then fully deterministic given the seed. With ``env_workers > 0``
-a finished turn's ``env.step`` runs on a thread pool of that size: the slot's KV cache is set
-aside (``engine.slot_prefix``), the slot sits out of decoding (its position in ``generate`` still
-computes, the result is discarded), the other slots keep decoding, and when the step returns its
-observation is prefilled onto the set-aside cache and the slot rejoins (or the trajectory is
-emitted). Which generate step a slot rejoins at depends on thread timing, so sampling is no longer
-reproducible bit for bit. ``rollout.env_workers`` (config) chooses; see ``env_workers_for``.
+a finished turn's ``env.step`` runs on a thread pool of that size: the slot sits out of decoding
+(its position in ``generate`` still computes, writing only past the slot's true length, and the
+result is discarded), the other slots keep decoding, and when the step returns its observation is
+prefilled after the slot's true length and the slot rejoins (or the trajectory is emitted). A
+JetStream engine other than ``SAOEngine`` has its slot's cache set aside first
+(``engine.slot_prefix``), since its decode step need not write by position. Which generate step
+a slot rejoins at depends on thread timing, so sampling is no longer reproducible bit for bit.
+``rollout.env_workers`` (config) chooses; see ``env_workers_for``.
 """
 
 from __future__ import annotations
@@ -70,7 +74,8 @@ class _PendingEnv:
   token: int         # the token that ended the turn (sampled, not yet in the KV cache)
   ended: bool        # by a stop token / stop string (False: a length limit)
   by_string: bool    # by a stop string
-  prefix: object     # the slot's KV cache when the turn ended (engine Prefix)
+  prefix: object     # the slot's KV cache set aside when the turn ended (engine Prefix), or
+                     # None: it stays in the decode state (SAOEngine)
 
 
 @dataclasses.dataclass
@@ -214,10 +219,13 @@ class RolloutWorker:
   def _admit_free_slots(self) -> int:
     """Fills every free slot it can with a new prompt on the newest weights, then records each
     first token. Returns the number admitted. At least a quarter of the slots at once (the start,
-    a grpo_sync barrier): one batched ``engine.prefill_insert`` padded to all slots (one compile
-    per prompt-length bucket); fewer (the steady state of continuous batching, one or two at a
-    time): a one-row ``prefill`` + ``insert`` each, so no row-count variant is ever compiled --
-    on SmolLM2-135M those compiles cost ~50 s of CPU in the first steps."""
+    a grpo_sync barrier): one ``engine.prefill_insert`` padded to all slots (one compile per
+    prompt-length bucket); fewer (the steady state of continuous batching, one or two at a
+    time): a one-row ``prefill_insert`` each, so no other row count is ever compiled -- on
+    SmolLM2-135M those compiles cost ~50 s of CPU in the first steps. (A one-row
+    ``prefill_insert`` attends over the prompt only and writes it in place: 53-71 vs 82-88 ms
+    for ``prefill`` + ``insert`` of a 14-token prompt at SmolLM2-135M size with a 1025-position
+    cache, level at the arith_tool size.) Other JetStream engines: ``prefill`` + ``insert``."""
     self._sync_weights()  # new prompts start on the newest weights
     admitted = []
     for i in range(len(self.slots)):
@@ -230,10 +238,16 @@ class RolloutWorker:
     if not admitted:
       return 0
     t0 = time.perf_counter()
-    if self._batched and len(admitted) >= max(2, len(self.slots) // 4):
-      self.state, tokens, logprobs = self.engine.prefill_insert(
-          self.params, self.state, [i for i, _ in admitted], [s.tokens for _, s in admitted],
-          temperature=self.temperature, rows=len(self.slots))
+    if self._batched:
+      groups = ([admitted] if len(admitted) >= max(2, len(self.slots) // 4)
+                else [[a] for a in admitted])
+      tokens, logprobs = [], []
+      for group in groups:
+        self.state, toks, lps = self.engine.prefill_insert(
+            self.params, self.state, [i for i, _ in group], [s.tokens for _, s in group],
+            temperature=self.temperature, rows=len(self.slots) if len(group) > 1 else 1)
+        tokens.extend(toks.tolist())
+        logprobs.extend(lps.tolist())
       self.stats.prefill_s += time.perf_counter() - t0
     else:
       tokens, logprobs = [], []
@@ -246,14 +260,6 @@ class RolloutWorker:
       self.slots[i] = slot
       self._on_token(i, int(token), float(logprob))
     return len(admitted)
-
-  def _slot_prefix(self, i: int):
-    """Slot i's cache as a prefix at its true length (every token but the last sampled one is
-    cached): the decode state may have run past it within a ``generate_steps`` call."""
-    s = self.slots[i]
-    if not self._batched:  # one token per call: the decode state is exact
-      return self.engine.slot_prefix(self.state, i)
-    return self.engine.slot_prefix(self.state, i, length=len(s.tokens) - 1, token=s.tokens[-1])
 
   def _on_token(self, i: int, token: int, logprob: float) -> bool:
     """Records a sampled token for slot i; ends the turn when due (may recurse via prefill).
@@ -274,9 +280,12 @@ class RolloutWorker:
     if not (ended or turn_len >= self.max_new_tokens or len(s.tokens) >= self.max_seq_len):
       return True
     if self._env_pool is not None:  # off the decode loop: the other slots keep decoding
+      # SAOEngine: the slot's cache stays in the decode state (idle decoding writes only past its
+      # true length, which the observation's prefill overwrites); others: set it aside
+      aside = None if self._batched else self.engine.slot_prefix(self.state, i)
       self._pending[i] = _PendingEnv(
           self._env_pool.submit(self._env_step, s.problem, s.turn, s.tokens[s.turn_start:]),
-          token, ended, by_string, self._slot_prefix(i))
+          token, ended, by_string, aside)
       return False
     try:
       step = self._env_step(s.problem, s.turn, s.tokens[s.turn_start:])
@@ -359,11 +368,16 @@ class RolloutWorker:
     s.logprobs.extend([0.0] * len(obs))
     s.versions.extend([-1] * len(obs))
     s.turn_start = len(s.tokens)
-    if prefix is None and not self._batched:
+    if prefix is None and self._batched:  # in place: [token] + obs after the cached tokens
+      t0 = time.perf_counter()
+      self.state, tokens, logprobs = self.engine.prefill_insert(
+          self.params, self.state, [i], [[token] + obs], temperature=self.temperature, rows=1,
+          starts=[len(s.tokens) - len(obs) - 1])
+      self.stats.prefill_s += time.perf_counter() - t0
+      self._on_token(i, int(tokens[0]), float(logprobs[0]))
+      return
+    if prefix is None:
       prefix = self.engine.slot_prefix(self.state, i)
-    elif prefix is None:
-      prefix = self.engine.slot_prefix(self.state, i, length=len(s.tokens) - len(obs) - 1,
-                                       token=token)
     prefix = self._prefill([token] + obs, prefix=prefix)
     self.state = self.engine.insert(prefix, self.state, i)
     self._on_token(i, int(prefix.token), float(prefix.logprob))
@@ -409,7 +423,7 @@ class RolloutWorker:
       for start in range(0, len(cached), chunk):
         prefix = self._prefill(cached[start:start + chunk], prefix=prefix)
       prefix = prefix.replace(token=np.int32(s.tokens[-1]), logprob=np.float32(s.logprobs[-1]))
-      if i in self._pending:  # its env is answering: continue from the recomputed cache
+      if i in self._pending and not self._batched:  # env answering: continue from this cache
         self._pending[i].prefix = prefix
       else:
         self.state = self.engine.insert(prefix, self.state, i)
