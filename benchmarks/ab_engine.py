@@ -7,7 +7,7 @@ benchmark's small config and workload (``bench_sampler``: 16-token prompts, ``--
 The old ``models/transformer.py`` and ``rollout/engine.py`` are read with ``git show`` into a
 temporary folder and imported as separate modules. Decode-only medians skip the first timed
 round; "total" includes the prefills. Engines with ``generate_steps`` (both sides from
-``c4451f2`` on) run the batched path when ``--decode_steps`` > 1: one ``prefill_insert``, then
+``dc0ae7a`` on) run the batched path when ``--decode_steps`` > 1: one ``prefill_insert``, then
 ``new / decode_steps`` calls of ``generate_steps``.
 """
 

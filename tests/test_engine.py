@@ -301,7 +301,7 @@ def test_prefill_insert_appends_an_observation_in_place_equal_to_a_full_forward(
 def test_multi_step_decode_rollout_logprobs_equal_recomputed_inline_and_pooled():
   """``RolloutWorker(decode_steps=4)``: turns end part-way through an engine call (stop tokens,
   ``max_new_tokens``), the rest of the call is discarded, observations are prefilled at the
-  slot's true length -- inline and with the env on a thread pool (the set-aside cache). Every
+  slot's true length -- inline and with the env on a thread pool. Every
   trajectory's log-probs still equal a full forward pass over it (1e-5), and tokens were
   discarded (so the part-way path ran)."""
   model, _, params, engine = _setup(temperature=0.7)
@@ -331,6 +331,11 @@ def test_prefill_insert_and_generate_steps_refuse_bad_input_naming_the_fix():
     engine.prefill_insert(params, state, [0], [list(range(1, 20))])
   with pytest.raises(ValueError, match="rows=1 < 2"):
     engine.prefill_insert(params, state, [0, 1], [[1, 2], [1, 3]], rows=1)
+  with pytest.raises(ValueError, match=r"slots \[1, 1\] must be distinct and in 0..3"):
+    engine.prefill_insert(params, state, [1, 1], [[1, 2], [1, 3]])
+  for bad in (4, -1):
+    with pytest.raises(ValueError, match=r"rollout.slots=4"):
+      engine.prefill_insert(params, state, [bad], [[1, 2]])
   with pytest.raises(ValueError, match="1 starts for 2 slots"):
     engine.prefill_insert(params, state, [0, 1], [[1, 2], [1, 3]], starts=[0])
   with pytest.raises(ValueError, match="starts=3 for slot 0, whose cache holds 0 positions"):

@@ -203,8 +203,8 @@ def _slow_run(env_workers, slow_s, n=7, slots=3):
 def test_slow_tool_call_does_not_stop_other_slots_with_env_workers():
   """SAO's rollout with env.step off the decode loop: while "slow" waits 2 s on its tool call,
   its two slot neighbours finish and the remaining problems run through those two slots; "slow"
-  lands last. Its continuation (prefilled onto the KV cache set aside at the tool call, while its
-  slot position kept decoding discarded tokens) has the log-probs of a full forward pass."""
+  lands last. Its continuation (prefilled at its true length onto its slot's KV cache, while its
+  slot position kept decoding discarded tokens past that length) has the log-probs of a full forward pass."""
   graphdef, params, out, done_at, worker = _slow_run(env_workers=3, slow_s=2.0)
   assert out[-1].problem_id == "slow"
   assert max(v for k, v in done_at.items() if k != "slow") < done_at["slow"] - 0.5
@@ -234,7 +234,7 @@ def test_inline_env_step_blocks_every_slot():
 
 def test_kv_recompute_applies_to_a_slot_waiting_on_its_env():
   """kv_on_update="recompute" + a weight update while the slot's tool call is in flight: the
-  set-aside KV cache is recomputed too, so the tokens after the tool call have exactly the new
+  waiting slot's KV cache is recomputed too, so the tokens after the tool call have exactly the new
   weights' full-forward log-probs."""
   graphdef, params, engine = _setup(slots=1)
   params2 = jax.tree.map(lambda x: x * 1.3, params)

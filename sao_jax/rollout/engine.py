@@ -33,8 +33,9 @@ KV-cache layout: per layer ``k [slots, n_kv_heads, head_dim, cache_len]`` (keys 
 ``cache_len = max_seq_len + 1`` (positions 0 .. max_seq_len; the last sampled token of a full
 sequence is written at max_seq_len): the padded tail of a prefill chunk past the end is dropped
 by the write (``transformer.write_cache``), so the cache needs no ``max_prefill_length`` of slack.
-The decode state is donated to ``generate`` and ``insert``, whose cache writes (one position of
-every slot per step; one slot's rows per insert) update it in place.
+The decode state is donated to ``generate``, ``generate_steps``, ``insert`` and
+``prefill_insert``, whose cache writes (one position of every slot per step; one slot's rows per
+insert; a chunk's positions per prefilled row) update it in place.
 
 Live length: attention reads only the first ``kv_len`` cache positions, ``kv_len`` the smallest
 bucket ``kv_bucket * 2**i`` above the longest slot, or the whole cache when that bucket is more
@@ -137,6 +138,13 @@ def inverse_cdf_tokens(probs: jax.Array, uniforms: jax.Array) -> jax.Array:
   drawn: on XLA:CPU this is 0.21 ms for [32, 4096] against 1.23 ms for Gumbel-max, whose
   threefry bits for every vocabulary entry are most of its cost (``benchmarks/RESULTS.md``
   section 2).
+
+  Float32 limit: the uniforms lie on a 2**-23 grid and the cumulative sums are float32, so an
+  entry below ~6e-8 of its level's total (a block of the vocabulary's mass, or a token of its
+  block's) is never drawn, and rarer ones are drawn at multiples of ~1.2e-7. The sampled
+  distribution is then off by at most ~(nb + bs) * 6e-8 in total variation (~3e-5 at V =
+  49152); Gumbel-max in float32 has a floor too (~1e-9). The recorded log-prob is the exact
+  ``log_softmax`` of the drawn token.
   """
   *lead, v = probs.shape
   bs = 1 << int(np.ceil(np.log2(np.sqrt(v))))
@@ -166,10 +174,10 @@ def sample_tokens(logits: jax.Array, rng: jax.Array, temperature) -> tuple[jax.A
   Returns: (tokens int32 [...], logprobs float32 [...]) where logprobs is the log-probability
   of each token under the distribution it was drawn from (temperature 1 when greedy).
 
-  The draw is ``inverse_cdf_tokens(exp(logp), uniform(rng, [..., 2]))``: exact sampling from
-  the tempered distribution with two random numbers per row, not one per vocabulary entry as
-  in Gumbel-max (``jax.random.categorical``), whose draws cost 5-6x more on XLA:CPU. Greedy
-  is the first argmax of the logits (``first_argmax``).
+  The draw is ``inverse_cdf_tokens(exp(logp), uniform(rng, [..., 2]))``: sampling from the
+  tempered distribution (exact up to float32, see there) with two random numbers per row, not
+  one per vocabulary entry as in Gumbel-max (``jax.random.categorical``), whose draws cost
+  5-6x more on XLA:CPU. Greedy is the first argmax of the logits (``first_argmax``).
   """
   t = jnp.asarray(temperature, jnp.float32)
   greedy = t <= 0.0
@@ -404,7 +412,8 @@ class SAOEngine(engine_api.Engine):
     step ``generate`` runs, with the same key splits, so the same draws as ``num_steps`` calls of
     ``generate``). The caller reads the tokens on the host afterwards; a slot whose turn ended
     part-way keeps decoding to the end of the call, and those extra tokens and cache entries are
-    the caller's to discard (``slot_prefix(..., length=, token=)`` / ``insert`` reset the slot).
+    the caller's to discard (``prefill_insert(..., starts=)`` at the slot's true length, or
+    ``slot_prefix(..., length=, token=)`` + ``prefill`` + ``insert``, continue from it).
 
     Returns (new DecodeState, tokens int32 [slots, num_steps], logprobs float32 [slots,
     num_steps]) as NumPy arrays. Raises ValueError for num_steps < 1."""
@@ -433,22 +442,28 @@ class SAOEngine(engine_api.Engine):
     """Prefills a chunk into each of ``slots`` in one compiled call and samples each slot's
     next token: the batched, in-place form of ``prefill`` + ``insert``. With ``starts`` None
     (or 0) a chunk is a fresh prompt; with ``starts[r] > 0`` it is appended after the slot's
-    first ``starts[r]`` cached positions (a multi-turn observation, after the token that ended
-    the turn), with no ``slot_prefix`` copy out and no ``insert`` copy back: the chunk's keys
-    and values are scattered into the decode-state cache, which is donated. Rows are
-    right-padded to a common power-of-two length, and the row count to ``rows`` (default: the
-    next power of two; padding rows write nowhere), so compiles stay few: one per (rows, length)
-    bucket, and per live-length bucket for fresh prompts (attention over the chunk only) or the
-    whole cache for appended chunks.
+    first ``starts[r]`` cached positions, with no ``slot_prefix`` copy out and no ``insert``
+    copy back: the chunk's keys and values are scattered into the decode-state cache, which is
+    donated. A multi-turn observation chunk begins with the slot's pending token (the sampled
+    token that ended the turn, not yet cached) at ``starts[r]`` = its position, the slot's true
+    length, followed by the observation's tokens. Rows are right-padded to a common length
+    ``min(max(8, next power of two), max_prefill_length)``, and the row count to ``rows``
+    (default: the next power of two; padding rows write nowhere), so compiles stay few: one per
+    (rows, length) for fresh prompts (which attend over their chunk only) and one per (rows,
+    length) for appended chunks (which attend over the whole cache).
 
-    slots: sequence of distinct slot indices; prompts: one token-id sequence per slot, each of
-    1 .. ``max_prefill_length`` tokens, with ``start + len`` below ``max_seq_len``; starts: ints
-    >= 0, each at most the slot's cached length (None = all 0). Returns (new DecodeState, the
-    sampled tokens int32 [len(slots)], their log-probs float32 [...]) as NumPy arrays. Raises
-    ValueError for a length mismatch, an empty / too long chunk or a start past a slot's cache."""
-    slots, prompts = list(slots), [list(p) for p in prompts]
+    slots: sequence of distinct slot indices in 0 .. slots - 1; prompts: one token-id sequence
+    per slot, each of 1 .. ``max_prefill_length`` tokens, with ``start + len`` below
+    ``max_seq_len``; starts: ints >= 0, each at most the slot's cached length (None = all 0).
+    Returns (new DecodeState, the sampled tokens int32 [len(slots)], their log-probs float32
+    [...]) as NumPy arrays. Raises ValueError for a length mismatch, a repeated or out-of-range
+    slot, an empty / too long chunk or a start past a slot's cache."""
+    slots, prompts = [int(s) for s in slots], [list(p) for p in prompts]
     if len(slots) != len(prompts) or not slots:
       raise ValueError(f"prefill_insert: {len(slots)} slots for {len(prompts)} prompts")
+    if len(set(slots)) != len(slots) or not all(0 <= s < self._slots for s in slots):
+      raise ValueError(f"prefill_insert: slots {slots} must be distinct and in 0.."
+                       f"{self._slots - 1} (rollout.slots={self._slots})")
     starts = [0] * len(slots) if starts is None else [int(s) for s in starts]
     if len(starts) != len(slots):
       raise ValueError(f"prefill_insert: {len(starts)} starts for {len(slots)} slots")

@@ -1,8 +1,9 @@
 """Rollout worker: drives a JetStream engine with continuous batching over multi-turn envs.
 
-Each loop iteration: pick up the newest weights (between generate steps), fill free slots with new
-prompts (prefill + insert), run one ``generate`` step for all slots, and route every newly sampled
-token to its trajectory. When a turn ends (stop token or per-turn limit) the environment answers:
+Each loop iteration: pick up the newest weights (between engine calls), fill free slots with new
+prompts (``SAOEngine.prefill_insert``; ``prefill`` + ``insert`` for another JetStream engine), run
+``decode_steps`` decode steps for all slots (``generate_steps``; one ``generate`` step otherwise),
+and route every newly sampled token to its trajectory. When a turn ends (stop token or per-turn limit) the environment answers:
 either the trajectory is done and is emitted, or its observation tokens are appended to the slot's
 existing KV cache (no recompute of the prefix) and decoding continues: with ``SAOEngine`` one
 ``prefill_insert(..., starts=)`` call writes them into the slot's rows of the decode state in

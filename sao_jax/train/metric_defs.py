@@ -104,8 +104,9 @@ METRICS: dict[str, MetricDef] = {
                   "update + weight publish)"),
     "rollout_generate_s": _m("s", "throughput", "cumulative engine time in generate() since the "
                              "start"),
-    "rollout_prefill_s": _m("s", "throughput", "cumulative engine time in prefill() (prompts and "
-                            "observations) since the start"),
+    "rollout_prefill_s": _m("s", "throughput", "cumulative engine time in prefill() / "
+                            "prefill_insert() (prompts and observations; a call that returns "
+                            "its sampled token includes its device time) since the start"),
     "rollout_env_wait_s": _m("s", "throughput", "cumulative time the rollout worker waited "
                              "because every running slot awaited its env.step (tool latency, "
                              "rollout.env_workers > 0)"),
