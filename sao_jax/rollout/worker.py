@@ -3,12 +3,13 @@
 Each loop iteration: pick up the newest weights (between engine calls), fill free slots with new
 prompts (``SAOEngine.prefill_insert``; ``prefill`` + ``insert`` for another JetStream engine), run
 ``decode_steps`` decode steps for all slots (``generate_steps``; one ``generate`` step otherwise),
-and route every newly sampled token to its trajectory. When a turn ends (stop token or per-turn limit) the environment answers:
-either the trajectory is done and is emitted, or its observation tokens are appended to the slot's
-existing KV cache (no recompute of the prefix) and decoding continues: with ``SAOEngine`` one
-``prefill_insert(..., starts=)`` call writes them into the slot's rows of the decode state in
-place; with another JetStream engine ``slot_prefix`` + ``prefill(existing_prefix=...)`` +
-``insert``. Every action token records the engine's log-prob and the policy version that sampled it.
+and route every newly sampled token to its trajectory. When a turn ends (stop token or per-turn
+limit) the environment answers: either the trajectory is done and is emitted, or its observation
+tokens are appended to the slot's existing KV cache (no recompute of the prefix) and decoding
+continues: with ``SAOEngine`` one ``prefill_insert(..., starts=)`` call writes them into the
+slot's rows of the decode state in place; with another JetStream engine ``slot_prefix`` +
+``prefill(existing_prefix=...)`` + ``insert``. Every action token records the engine's log-prob
+and the policy version that sampled it.
 
 KV cache across weight updates (``kv_on_update``): "keep" (default) keeps the stale KV of tokens
 cached before the update -- later tokens are sampled by the new weights attending to keys/values
