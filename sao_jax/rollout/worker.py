@@ -191,6 +191,16 @@ class RolloutWorker:
     self.stats.prefill_s += time.perf_counter() - t0
     return out
 
+  def _prefill_insert(self, slots, chunks, rows, starts=None):
+    """``engine.prefill_insert`` on the current params, timed into ``stats.prefill_s``; returns
+    the sampled tokens and log-probs as lists."""
+    t0 = time.perf_counter()
+    self.state, tokens, logprobs = self.engine.prefill_insert(
+        self.params, self.state, slots, chunks, temperature=self.temperature, rows=rows,
+        starts=starts)
+    self.stats.prefill_s += time.perf_counter() - t0
+    return tokens.tolist(), logprobs.tolist()
+
   def _next_slot(self) -> Optional[_Slot]:
     """The next problem as a fresh ``_Slot`` (not yet prefilled), or None when admission control
     says wait, the source has nothing right now, or it is exhausted."""
@@ -239,18 +249,15 @@ class RolloutWorker:
       admitted.append((i, slot))
     if not admitted:
       return 0
-    t0 = time.perf_counter()
     if self._batched:
       groups = ([admitted] if len(admitted) >= max(2, len(self.slots) // 4)
                 else [[a] for a in admitted])
       tokens, logprobs = [], []
       for group in groups:
-        self.state, toks, lps = self.engine.prefill_insert(
-            self.params, self.state, [i for i, _ in group], [s.tokens for _, s in group],
-            temperature=self.temperature, rows=len(self.slots) if len(group) > 1 else 1)
-        tokens.extend(toks.tolist())
-        logprobs.extend(lps.tolist())
-      self.stats.prefill_s += time.perf_counter() - t0
+        toks, lps = self._prefill_insert([i for i, _ in group], [s.tokens for _, s in group],
+                                         rows=len(self.slots) if len(group) > 1 else 1)
+        tokens.extend(toks)
+        logprobs.extend(lps)
     else:
       tokens, logprobs = [], []
       for i, slot in admitted:
@@ -371,11 +378,8 @@ class RolloutWorker:
     s.versions.extend([-1] * len(obs))
     s.turn_start = len(s.tokens)
     if prefix is None and self._batched:  # in place: [token] + obs after the cached tokens
-      t0 = time.perf_counter()
-      self.state, tokens, logprobs = self.engine.prefill_insert(
-          self.params, self.state, [i], [[token] + obs], temperature=self.temperature, rows=1,
-          starts=[len(s.tokens) - len(obs) - 1])
-      self.stats.prefill_s += time.perf_counter() - t0
+      tokens, logprobs = self._prefill_insert([i], [[token] + obs], rows=1,
+                                              starts=[len(s.tokens) - len(obs) - 1])
       self._on_token(i, int(tokens[0]), float(logprobs[0]))
       return
     if prefix is None:
