@@ -57,6 +57,14 @@ def test_sampler_quick(tmp_path):
   assert rec["jit_cache_sizes"]["1"]["generate"] == 1
 
 
+def test_rollout_quick_both_engine_paths(tmp_path):
+  rec = _run("bench_rollout.py", tmp_path)
+  assert [r["path"] for r in rec["rows"]] == ["ours", "jetstream_api"]
+  for r in rec["rows"]:  # every problem rolled out, each with >= 1 sampled token and turn
+    assert r["trajectories"] == 16 and r["action tokens"] >= 16 and r["turns / trajectory"] >= 1
+  assert rec["rows"][0]["ours / jetstream_api"] > 0
+
+
 def test_ab_engine_quick_decodes_what_it_times(tmp_path):
   """The working tree's engine against HEAD's (read with ``git show``); the script checks that
   every timed block decoded ``--new`` tokens per row (with 4 new tokens and 8 steps per call it

@@ -1,0 +1,112 @@
+"""Rollout only: the multi-turn tool task of the main job, ``configs/arith_tool.py``, through the
+real ``RolloutWorker`` (continuous batching, one ``<tool>`` call and observation per turn, the
+env inline), on two engine paths in one process, interleaved:
+
+    python benchmarks/bench_rollout.py [--quick] [--problems 256] [--repeats 3] [--json out.json]
+
+- "ours": the worker's default path on ``SAOEngine`` -- a fresh prompt and every observation
+  prefilled straight into its decode slot (``prefill_insert``, ``starts=`` for observations),
+  ``rollout.decode_steps`` tokens per ``generate_steps`` call.
+- "jetstream_api": the same engine seen through the JetStream API only (``prefill`` /
+  ``insert`` / ``generate`` / ``slot_prefix``: a one-row prefill per prompt or observation,
+  inserted into the slot, one token per call), the path any other JetStream engine takes.
+
+Both roll out the same ``--problems`` training problems with the same SFT warm start (the main
+job's, ``sft.steps`` demonstrations steps, cached under ``--sft_cache``) at temperature 1. The
+draws differ between the paths (different key splits), so each reports its own token count:
+"action tok/s" = sampled policy tokens kept in trajectories / wall seconds, and the ratio
+compares those rates. ``prefill_s`` and ``generate_s`` are the worker's own timers (device time
+included). With ``--quick`` a random init (no SFT), 16 problems: a wiring check.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import common  # pylint: disable=import-error
+import numpy as np
+
+from configs import arith_tool
+from sao_jax import tasks
+from sao_jax.rollout.sync import WeightStore
+from sao_jax.rollout.worker import RolloutWorker
+from sao_jax.train import setup
+
+
+class JetStreamOnly:
+  """An engine proxy without ``prefill_insert`` / ``generate_steps``: the worker then takes
+  the JetStream-API path (``RolloutWorker._batched`` is False)."""
+
+  _HIDDEN = ("prefill_insert", "generate_steps")
+
+  def __init__(self, engine):
+    self._engine = engine
+
+  def __getattr__(self, name):
+    if name in self._HIDDEN:
+      raise AttributeError(name)
+    return getattr(self._engine, name)
+
+
+def main():
+  ap = common.parser(__doc__, malloc_flag=True)
+  ap.add_argument("--problems", type=int, default=256)
+  ap.add_argument("--sft_cache", default=os.path.join(tempfile.gettempdir(), "sao_jax_sft_cache"),
+                  help="sft.cache_dir: the warm start is trained once and reused")
+  args = ap.parse_args()
+  malloc_tuned = common.apply_malloc(args)
+  c = arith_tool.get_config()
+  c.sft.cache_dir = args.sft_cache
+  n = 16 if args.quick else args.problems
+  repeats = 1 if args.quick else args.repeats
+  task = tasks.make_task(c)
+  policy = setup.build_policy(c, task, warm_start=not args.quick)
+  engine = setup.make_engine(c, policy, task.tokenizer, slots=c.rollout.slots, temperature=1.0)
+  problems = task.train_problems[:n]
+  stats = {"ours": [], "jetstream_api": []}
+
+  def rollout(name, seed):
+    out = []
+    engine.reseed(seed)
+    worker = RolloutWorker(
+        engine if name == "ours" else JetStreamOnly(engine), task.env, iter(problems),
+        lambda t: out.append(t) or True, WeightStore(policy.params, 0), stop_ids=task.stop_ids,
+        stop_strings=task.stop_strings, max_new_tokens=c.rollout.max_new_tokens,
+        max_seq_len=c.model.max_seq_len, temperature=1.0, seed=seed,
+        decode_steps=c.rollout.decode_steps if name == "ours" else 1)
+    t0 = time.perf_counter()
+    worker.run()
+    wall = time.perf_counter() - t0
+    if len(out) != n:
+      raise RuntimeError(f"{name}: {len(out)} trajectories for {n} problems")
+    stats[name].append({"wall": wall, "tokens": sum(int((t.action_mask > 0).sum()) for t in out),
+                        "turns": float(np.mean([t.num_turns for t in out])),
+                        "prefill_s": worker.stats.prefill_s,
+                        "generate_s": worker.stats.generate_s})
+
+  seed = 0
+  for _ in range(1 + repeats):  # round 0 compiles; the paths take turns in every round
+    for name in stats:
+      seed += 1
+      rollout(name, seed)
+  rows = []
+  for name, runs in stats.items():
+    runs = runs[1:]
+    rate = [r["tokens"] / r["wall"] for r in runs]
+    rows.append({"path": name, "trajectories": n, "action tok/s": common.median(rate),
+                 "wall s": common.median([r["wall"] for r in runs]),
+                 "action tokens": common.median([r["tokens"] for r in runs]),
+                 "turns / trajectory": common.median([r["turns"] for r in runs]),
+                 "prefill_s": common.median([r["prefill_s"] for r in runs]),
+                 "generate_s": common.median([r["generate_s"] for r in runs])})
+  rows[0]["ours / jetstream_api"] = rows[0]["action tok/s"] / rows[1]["action tok/s"]
+  common.report("rollout (configs/arith_tool.py, " + ("quick: random init" if args.quick
+                                                      else "SFT warm start") + ")", rows, args,
+                {"problems": n, "slots": c.rollout.slots, "decode_steps": c.rollout.decode_steps,
+                 "host_malloc.keep_freed_memory": malloc_tuned})
+
+
+if __name__ == "__main__":
+  main()
