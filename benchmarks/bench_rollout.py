@@ -16,7 +16,9 @@ job's, ``sft.steps`` demonstrations steps, cached under ``--sft_cache``) at temp
 draws differ between the paths (different key splits), so each reports its own token count:
 "action tok/s" = sampled policy tokens kept in trajectories / wall seconds, and the ratio
 compares those rates. ``prefill_s`` and ``generate_s`` are the worker's own timers (device time
-included). With ``--quick`` a random init (no SFT), 16 problems: a wiring check.
+included). The first full run trains the SFT warm start before timing anything (~3 min on 2
+cores), and later runs load it from ``--sft_cache``. With ``--quick``, a random init (no SFT) on
+16 problems: a wiring check whose ratio means nothing.
 """
 
 from __future__ import annotations

@@ -348,3 +348,33 @@ def test_prefill_insert_and_generate_steps_refuse_bad_input_naming_the_fix():
     RolloutWorker(engine, EchoEnv(), iter([]), lambda t: True, WeightStore(params),
                   stop_ids=Tok.stop_ids, max_new_tokens=4, max_seq_len=CFG.max_seq_len,
                   decode_steps=0)
+
+
+def test_prefill_insert_row_padding_and_reseed_do_not_change_the_draws():
+  """9 fresh prompts into a 32-slot state: padded to 16 rows (the default) and to 32 rows, each
+  after ``reseed(7)``, give bitwise the same tokens, log-probs and cache rows for those slots,
+  and the 23 other slots' caches stay bitwise as they were (padding rows write nothing). At
+  temperature 10, so the toy model's draws depend on the key: a different seed draws other
+  tokens."""
+  _, graphdef, params, _ = _setup()
+  engine = SAOEngine(CFG, graphdef, Tok(), max_concurrent_decodes=32, max_prefill_length=16,
+                     temperature=10.0, seed=0)
+  rng = np.random.default_rng(0)
+  base, _, _ = engine.prefill_insert(params, engine.init_decode_state(), range(32),
+                                     [list(rng.integers(3, CFG.vocab_size, 6)) for _ in range(32)])
+  slots = [1, 0, 5, 9, 12, 17, 20, 26, 30]  # not 31, where a clipped padding row would write
+  prompts = [list(rng.integers(3, CFG.vocab_size, int(n))) for n in rng.integers(2, 12, 9)]
+  out = {}
+  for rows, seed in ((None, 7), (32, 7), (None, 8)):
+    engine.reseed(seed)
+    state, toks, lps = engine.prefill_insert(params, jax.tree.map(lambda x: x.copy(), base),
+                                             slots, prompts, rows=rows)
+    out[rows, seed] = (toks, lps, [np.asarray(c) for kv in state.cache for c in kv])
+  (t16, l16, c16), (t32, l32, c32) = out[None, 7], out[32, 7]
+  np.testing.assert_array_equal(t16, t32)
+  np.testing.assert_array_equal(l16, l32)
+  others = [s for s in range(32) if s not in slots]
+  for a, b, old in zip(c16, c32, [np.asarray(c) for kv in base.cache for c in kv]):
+    np.testing.assert_array_equal(a[slots], b[slots])
+    np.testing.assert_array_equal(a[others], old[others])
+  assert not np.array_equal(out[None, 8][0], t16)

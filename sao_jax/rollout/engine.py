@@ -10,7 +10,8 @@ Continuous batching over ``max_concurrent_decodes`` decode slots, the JetStream 
   and returns ``LogProbResultTokens`` (JetStream's ``ResultTokens`` plus a ``logprobs`` array).
 
 Two batched calls beside the JetStream API, which the rollout worker uses (``benchmarks/
-bench_sampler.py`` measures both paths in one run):
+bench_sampler.py`` measures both paths in one run, ``benchmarks/bench_rollout.py`` both in the
+multi-turn worker):
 
 * ``prefill_insert(params, decode_state, slots, prompts, starts=)`` prefills several chunks in
   one compiled call straight into their slots' rows of the decode-state cache (one scatter of

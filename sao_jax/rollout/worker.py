@@ -232,12 +232,13 @@ class RolloutWorker:
     """Fills every free slot it can with a new prompt on the newest weights, then records each
     first token. Returns the number admitted. At least a quarter of the slots at once (the start,
     a grpo_sync barrier, a wave of finished turns): one ``engine.prefill_insert`` padded to the
-    next power of two of rows, so at most three row counts (slots / 4, / 2, all; each a compile
-    per prompt-length bucket); fewer (the steady state of continuous batching, one or two at a
-    time): a one-row ``prefill_insert`` each, so no other row count is ever compiled -- on
-    SmolLM2-135M every row count's compiles cost ~50 s of CPU in the first steps. (Padding
-    every group to all slots cost up to 4x the compute: on ``configs/arith_tool.py`` ~13 groups
-    of 8-27 prompts per 256 rollouts at 10-20 ms each, half of the rollout's prefill time.) (A one-row
+    next power of two of rows, capped at the slot count, so at most three row counts (8 / 16 /
+    32 at 32 slots, 16 / 32 / 50 at 50; each a compile per prompt-length bucket); fewer (the
+    steady state of continuous batching, one or two at a time): a one-row ``prefill_insert``
+    each, so no other row count is ever compiled -- on SmolLM2-135M every row count's compiles
+    cost ~50 s of CPU in the first steps. (Padding every group to all slots cost up to 4x the
+    compute: on ``configs/arith_tool.py`` ~13 groups of 8-27 prompts per 256 rollouts took
+    10-20 ms each, half of the rollout's prefill time.) (A one-row
     ``prefill_insert`` attends over the prompt only and writes it in place: 53-71 vs 82-88 ms
     for ``prefill`` + ``insert`` of a 14-token prompt at SmolLM2-135M size with a 1025-position
     cache, level at the arith_tool size.) Other JetStream engines: ``prefill`` + ``insert``."""
@@ -257,9 +258,11 @@ class RolloutWorker:
                 else [[a] for a in admitted])
       tokens, logprobs = [], []
       for group in groups:
-        # rows: a group pads to the next power of two (engine default), a lone prompt to 1
+        # rows: a group pads to the next power of two, at most all slots; a lone prompt to 1
+        n = len(group)
+        rows = min(1 << (n - 1).bit_length(), len(self.slots)) if n > 1 else 1
         toks, lps = self._prefill_insert([i for i, _ in group], [s.tokens for _, s in group],
-                                         rows=None if len(group) > 1 else 1)
+                                         rows=rows)
         tokens.extend(toks)
         logprobs.extend(lps)
     else:
