@@ -458,9 +458,9 @@ class SAOEngine(engine_api.Engine):
     token that ended the turn, not yet cached) at ``starts[r]`` = its position, the slot's true
     length, followed by the observation's tokens. Rows are right-padded to a common length
     ``min(max(8, next power of two), max_prefill_length)``, and the row count to ``rows``
-    (default: the next power of two; padding rows write nowhere), so compiles stay few: one per
-    (rows, length) for fresh prompts (which attend over their chunk only) and one per (rows,
-    length) for appended chunks (which attend over the whole cache).
+    (default: the next power of two, at most the slot count; padding rows write nowhere), so
+    compiles stay few: one per (rows, length) for fresh prompts (which attend over their chunk
+    only) and one per (rows, length) for appended chunks (which attend over the whole cache).
 
     slots: sequence of distinct slot indices in 0 .. slots - 1; prompts: one token-id sequence
     per slot, each of 1 .. ``max_prefill_length`` tokens, with ``start + len`` below
@@ -491,7 +491,7 @@ class SAOEngine(engine_api.Engine):
         raise ValueError(f"prefill_insert: starts={s} for slot {slot}, whose cache holds "
                          f"{host[slot]} positions; a start must be 0..the cached length")
     t = min(max(8, 1 << (longest - 1).bit_length()), self._max_prefill)
-    rows = rows or 1 << (len(slots) - 1).bit_length()
+    rows = rows or min(1 << (len(slots) - 1).bit_length(), self._slots)
     if rows < len(slots):
       raise ValueError(f"prefill_insert: rows={rows} < {len(slots)} prompts")
     tokens = np.full((rows, t), self.tokenizer.pad_id if self.tokenizer else 0, np.int32)

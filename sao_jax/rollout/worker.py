@@ -191,13 +191,13 @@ class RolloutWorker:
     self.stats.prefill_s += time.perf_counter() - t0
     return out
 
-  def _prefill_insert(self, slots, chunks, rows, starts=None):
-    """``engine.prefill_insert`` on the current params, timed into ``stats.prefill_s``; returns
-    the sampled tokens and log-probs as lists."""
+  def _prefill_insert(self, slots, chunks, starts=None):
+    """``engine.prefill_insert`` on the current params (rows padded to the engine's default: the
+    next power of two, at most all slots), timed into ``stats.prefill_s``; returns the sampled
+    tokens and log-probs as lists."""
     t0 = time.perf_counter()
     self.state, tokens, logprobs = self.engine.prefill_insert(
-        self.params, self.state, slots, chunks, temperature=self.temperature, rows=rows,
-        starts=starts)
+        self.params, self.state, slots, chunks, temperature=self.temperature, starts=starts)
     self.stats.prefill_s += time.perf_counter() - t0
     return tokens.tolist(), logprobs.tolist()
 
@@ -238,7 +238,7 @@ class RolloutWorker:
     each, so no other row count is ever compiled -- on SmolLM2-135M every row count's compiles
     cost ~50 s of CPU in the first steps. (Padding every group to all slots cost up to 4x the
     compute: on ``configs/arith_tool.py`` ~13 groups of 8-27 prompts per 256 rollouts took
-    10-20 ms each, half of the rollout's prefill time.) (A one-row
+    10-20 ms each, half of the rollout's prefill time. A one-row
     ``prefill_insert`` attends over the prompt only and writes it in place: 53-71 vs 82-88 ms
     for ``prefill`` + ``insert`` of a 14-token prompt at SmolLM2-135M size with a 1025-position
     cache, level at the arith_tool size.) Other JetStream engines: ``prefill`` + ``insert``."""
@@ -258,11 +258,7 @@ class RolloutWorker:
                 else [[a] for a in admitted])
       tokens, logprobs = [], []
       for group in groups:
-        # rows: a group pads to the next power of two, at most all slots; a lone prompt to 1
-        n = len(group)
-        rows = min(1 << (n - 1).bit_length(), len(self.slots)) if n > 1 else 1
-        toks, lps = self._prefill_insert([i for i, _ in group], [s.tokens for _, s in group],
-                                         rows=rows)
+        toks, lps = self._prefill_insert([i for i, _ in group], [s.tokens for _, s in group])
         tokens.extend(toks)
         logprobs.extend(lps)
     else:
@@ -385,7 +381,7 @@ class RolloutWorker:
     s.versions.extend([-1] * len(obs))
     s.turn_start = len(s.tokens)
     if prefix is None and self._batched:  # in place: [token] + obs after the cached tokens
-      tokens, logprobs = self._prefill_insert([i], [[token] + obs], rows=1,
+      tokens, logprobs = self._prefill_insert([i], [[token] + obs],
                                               starts=[len(s.tokens) - len(obs) - 1])
       self._on_token(i, int(tokens[0]), float(logprobs[0]))
       return
