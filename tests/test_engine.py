@@ -352,8 +352,8 @@ def test_prefill_insert_and_generate_steps_refuse_bad_input_naming_the_fix():
 
 def test_prefill_insert_row_padding_and_reseed_do_not_change_the_draws():
   """9 fresh prompts into a 32-slot state: padded to 16 rows (the default) and to 32 rows, each
-  after ``reseed(7)``, give bitwise the same tokens, log-probs and cache rows for those slots,
-  and the 23 other slots' caches stay bitwise as they were (padding rows write nothing). At
+  after ``reseed(7)``, give the same tokens, and log-probs and cache rows within 1e-5, for those
+  slots, and the 23 other slots' caches stay bitwise as they were (padding rows write nothing). At
   temperature 10, so the toy model's draws depend on the key: a different seed draws other
   tokens."""
   _, graphdef, params, _ = _setup()
@@ -372,9 +372,11 @@ def test_prefill_insert_row_padding_and_reseed_do_not_change_the_draws():
     out[rows, seed] = (toks, lps, [np.asarray(c) for kv in state.cache for c in kv])
   (t16, l16, c16), (t32, l32, c32) = out[None, 7], out[32, 7]
   np.testing.assert_array_equal(t16, t32)
-  np.testing.assert_array_equal(l16, l32)
+  # bitwise here; a tolerance because the matmuls differ in shape (16 vs 32 rows), so another
+  # CPU's kernels may round a row differently (appended chunks do here: <= 7e-7)
+  np.testing.assert_allclose(l16, l32, rtol=1e-5, atol=1e-5)
   others = [s for s in range(32) if s not in slots]
   for a, b, old in zip(c16, c32, [np.asarray(c) for kv in base.cache for c in kv]):
-    np.testing.assert_array_equal(a[slots], b[slots])
-    np.testing.assert_array_equal(a[others], old[others])
+    np.testing.assert_allclose(a[slots], b[slots], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(a[others], old[others])  # untouched: bitwise
   assert not np.array_equal(out[None, 8][0], t16)
