@@ -2,7 +2,8 @@
 (PyTorch CPU) and Tunix's JAX sampler (``tunix.generate.sampler.Sampler``) on the same weights,
 and vs the memory-bandwidth bound.
 
-    python benchmarks/bench_sampler.py [--quick] [--batches 1,8,32,128] [--json out.json]
+    python benchmarks/bench_sampler.py [--quick] [--batches 1,8,32,128] [--engine_devices 1,2]
+                                       [--json out.json]
 
 Tunix (``google-tunix==0.1.7``) is measured when it imports; it pins ``transformers==5.12.1``,
 so it is kept out of the project venv: ``pip install --target DIR --no-deps google-tunix==0.1.7``
@@ -12,9 +13,13 @@ perfetto pandas), then run with ``PYTHONPATH=$PWD:DIR``.
 All do the same work per batch size B: prefill B prompts of 16 tokens, then produce ``--new``
 tokens per sequence (no EOS stop). Ours: one batched ``prefill_insert`` of the B prompts, then
 ``--new / --decode_steps`` calls of ``generate_steps`` (``--decode_steps`` tokens per call),
-sampling at temperature 1 with log-probs; "ours_api": the JetStream-API path in the same run
-(B one-row ``prefill`` + ``insert`` calls, then ``--new`` one-step ``generate`` calls), the A/B of
-those two changes. HF: at each of ``--torch_threads`` (default 1 and 2; the faster one counts), ``do_sample=True, top_k=0,
+sampling at temperature 1 with log-probs, on an engine mesh of each of ``--engine_devices`` host
+devices (default 1 and the core count; the slots split over them, ``SAOEngine(mesh=)``; the
+faster one counts, as HF's thread count does): the process is started with
+``--xla_force_host_platform_device_count`` = the core count unless ``XLA_FLAGS`` sets one;
+"ours_api": the JetStream-API path in the same run on one device (B one-row ``prefill`` +
+``insert`` calls, then ``--new`` one-step ``generate`` calls), the A/B of those two changes. HF:
+at each of ``--torch_threads`` (default 1 and 2; the faster one counts), ``do_sample=True, top_k=0,
 top_p=1``, ``min_new_tokens = max_new_tokens``. Tunix: one ``Sampler.__call__`` (prefill + a
 compiled decode loop), cache of ``16 + new`` positions, at temperature 1 with ``top_p=1.0``, no
 top-k and ``return_logprobs=True`` -- the same work as ours (with top_p 1 and no top-k Tunix 0.1.7
@@ -30,7 +35,13 @@ context): on a CPU with cache-resident weights a decode step is compute-bound. P
 
 from __future__ import annotations
 
+import os
 import tempfile
+
+# one XLA:CPU device per core, so an engine can split its slots over them (set before JAX starts)
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             f" --xla_force_host_platform_device_count={os.cpu_count()}").strip()
 
 import common  # pylint: disable=import-error
 import jax
@@ -116,6 +127,9 @@ def main():
   ap.add_argument("--torch_threads", default="1,2",
                   help="PyTorch thread counts HF runs with (each a peer); ours/hf is against the "
                        "fastest of them at each batch size")
+  ap.add_argument("--engine_devices", default=f"1,{len(jax.devices())}",
+                  help="host devices the engine splits its slots over (each a variant of ours); "
+                       "ours/hf is the fastest of them at each batch size")
   ap.add_argument("--no_tunix", action="store_true")
   ap.add_argument("--decode_steps", type=int, default=8, help="tokens per generate_steps call")
   ap.add_argument("--model", default="small", choices=("small", "tiny", "smollm2"),
@@ -147,29 +161,38 @@ def main():
   bw = common.measure_bandwidth(16 << 20 if args.quick else 256 << 20)
   flops = common.measure_matmul_flops(256 if args.quick else 1024)
   rows, cache_sizes = [], {}
+  engine_devices = sorted({int(x) for x in args.engine_devices.split(",")})
   for b in batches:
-    engine = SAOEngine(cfg, graphdef, None, max_concurrent_decodes=b,
-                       max_prefill_length=PROMPT, temperature=1.0, seed=0)
+    engines = {}  # devices -> (engine, params on its mesh)
+    for d in engine_devices:
+      if b % d == 0 and d <= len(jax.devices()):
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:d]), ("data",))
+        engines[d] = (SAOEngine(cfg, graphdef, None, max_concurrent_decodes=b,
+                                max_prefill_length=PROMPT, temperature=1.0, seed=0, mesh=mesh),
+                      jax.device_put(params, jax.sharding.NamedSharding(
+                          mesh, jax.sharding.PartitionSpec())))
+    engine = engines[min(engines)][0]  # the JetStream-API path runs on one device
     rng = np.random.default_rng(b)
     prompts = rng.integers(1, cfg.vocab_size, (b, PROMPT)).astype(np.int32)  # 0: Tunix's pad
     tprompts = torch.from_numpy(prompts).long()
-    decode_only = []
+    decode_only = {d: [] for d in engines}
 
     steps = max(1, min(args.decode_steps, new))
     if new % steps:
       raise ValueError(f"--new={new} must be a multiple of --decode_steps={steps}")
 
-    def ours(temperature=None):
-      state, _, _ = engine.prefill_insert(params, engine.init_decode_state(), range(b), prompts,
-                                          temperature)
+    def ours(d, temperature=None):
+      eng, p = engines[d]
+      state, _, _ = eng.prefill_insert(p, eng.init_decode_state(), range(b), prompts,
+                                       temperature)
       jax.block_until_ready(state)
       t0 = __import__("time").perf_counter()
       toks = []
       for _ in range(new // steps):
-        state, tok, _ = engine.generate_steps(params, state, steps, temperature)
+        state, tok, _ = eng.generate_steps(p, state, steps, temperature)
         toks.append(tok)  # (generate_steps returns host arrays: every call syncs, as in a rollout)
       if temperature is None:
-        decode_only.append(__import__("time").perf_counter() - t0)
+        decode_only[d].append(__import__("time").perf_counter() - t0)
       return state.tokens
 
     def ours_api():
@@ -190,12 +213,20 @@ def main():
                              max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=0,
                              top_p=1.0, temperature=1.0, pad_token_id=0)
 
-    peers = {"ours": ours, "ours_greedy": lambda: ours(0.0), "ours_api": ours_api}
+    peers = {}
+    for d in engines:
+      peers[f"ours@{d}"] = lambda d=d: ours(d)
+      peers[f"ours_greedy@{d}"] = lambda d=d: ours(d, 0.0)
+    peers["ours_api"] = ours_api
     peers.update({f"hf{n}": (lambda n=n: theirs(n)) for n in torch_threads})
     if tunix_run is not None:
       peers["tunix"] = lambda: tunix_run(prompts)
       peers["tunix_greedy"] = lambda: tunix_run(prompts, greedy=True)
     times = common.time_interleaved(peers, warmup=1, repeats=repeats)
+    ours_t = {d: common.median(times[f"ours@{d}"]) for d in engines}
+    dev = min(ours_t, key=ours_t.get)
+    times["ours"] = times[f"ours@{dev}"]
+    times["ours_greedy"] = min((times[f"ours_greedy@{d}"] for d in engines), key=common.median)
     cache_sizes[b] = {"generate": engine._generate_jit._cache_size(),  # pylint: disable=protected-access
                       "prefill": engine._prefill_jit._cache_size(),  # pylint: disable=protected-access
                       "insert": engine._insert_jit._cache_size(),  # pylint: disable=protected-access
@@ -204,7 +235,7 @@ def main():
     hf_t = {n: common.median(times[f"hf{n}"]) for n in torch_threads}
     best = min(hf_t, key=hf_t.get)
     mo, mh = common.median(times["ours"]), hf_t[best]
-    md = common.median(decode_only[1:] or decode_only)
+    md = common.median(decode_only[dev][1:] or decode_only[dev])
     avg_ctx = PROMPT + new / 2
     kv_bytes = 2 * cfg.n_layers * b * avg_ctx * cfg.n_kv_heads * cfg.head_dim * 4
     bound = b / ((weight_bytes + kv_bytes) / bw)
@@ -214,7 +245,9 @@ def main():
     tok_flops = 2 * n_weights + 4 * cfg.n_layers * avg_ctx * cfg.n_heads * cfg.head_dim
     roofline = min(bound, flops / tok_flops)
     ma = common.median(times["ours_api"])
-    row = {"batch": b, "ours tok/s": b * new / mo, "ours_api tok/s": b * new / ma,
+    row = {"batch": b, "ours tok/s": b * new / mo, "ours devices": dev,
+           **{f"ours@{d} tok/s": b * new / t for d, t in ours_t.items()},
+           "ours_api tok/s": b * new / ma,
            "ours/ours_api": ma / mo, "hf tok/s": b * new / mh, "hf threads": best,
            "ours/hf": mh / mo}
     if "tunix" in times:

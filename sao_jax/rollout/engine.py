@@ -29,6 +29,17 @@ was actually sampled. ``temperature == 0`` means greedy (argmax); its recorded l
 the temperature-1 distribution. No top-k/top-p: their log-probs would belong to a truncated
 distribution the trainer does not recompute.
 
+Slots split over devices: on a mesh whose ``data`` axis has n > 1 devices (``SAOEngine(mesh=)``),
+device d holds slots ``d * S/n .. (d + 1) * S/n - 1`` of the decode state (``P("data")``), the
+params are replicated, and ``generate``, ``generate_steps`` and ``prefill_insert`` run per device
+under ``jax.shard_map`` with no communication (plain ``jit`` on that state put an all-gather into
+every cache write). A row's uniforms are its slice of one draw for all rows, so the tokens are
+those of one device (``tests/test_engine_data_parallel.py``). On a CPU host this is how the engine
+uses several cores: XLA:CPU spreads one small decode step poorly over two threads (a [32, 256] x
+[256, 768] dot is no faster on two cores than on one), while two host devices
+(``--xla_force_host_platform_device_count``) each decoding half the slots overlap: 1.25 / 1.43 /
+1.54x tokens/s at 8 / 32 / 128 slots on 2 cores (``benchmarks/RESULTS.md`` section 2).
+
 KV-cache layout: per layer ``k [slots, n_kv_heads, head_dim, cache_len]`` (keys transposed) and
 ``v [slots, n_kv_heads, cache_len, head_dim]`` (``transformer.init_cache``);
 ``cache_len = max_seq_len + 1`` (positions 0 .. max_seq_len; the last sampled token of a full
@@ -58,6 +69,7 @@ multi-turn observation after a slot's true length, straight into the decode stat
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from typing import Any, Optional
@@ -66,6 +78,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, struct
+from jax.sharding import NamedSharding, PartitionSpec
 
 from sao_jax.models.transformer import ModelConfig, Transformer, init_cache
 from sao_jax.rollout.jetstream_compat import engine_api, tokenizer_api, tokenizer_pb2
@@ -174,6 +187,8 @@ def sample_tokens(logits: jax.Array, rng: jax.Array, temperature) -> tuple[jax.A
   Args: logits float32 [..., V]; rng PRNG key; temperature float scalar (traced is fine).
   Returns: (tokens int32 [...], logprobs float32 [...]) where logprobs is the log-probability
   of each token under the distribution it was drawn from (temperature 1 when greedy).
+  Equals ``sample_tokens_from(logits, jax.random.uniform(rng, [..., 2]), temperature)``, which
+  the engine calls with the uniforms of a whole batch sliced to the rows at hand.
 
   The draw is ``inverse_cdf_tokens(exp(z), uniform(rng, [..., 2]))`` with ``z = logits /
   temperature - max``: sampling from the tempered distribution (exact up to float32, see there)
@@ -184,6 +199,15 @@ def sample_tokens(logits: jax.Array, rng: jax.Array, temperature) -> tuple[jax.A
   [..., V] log-softmax (0.82 against 1.12 ms at [128, 4096] on XLA:CPU, ``benchmarks/RESULTS.md``
   section 2). Greedy is the first argmax of the logits (``first_argmax``).
   """
+  return sample_tokens_from(logits, jax.random.uniform(rng, (*logits.shape[:-1], 2), jnp.float32),
+                            temperature)
+
+
+def sample_tokens_from(logits: jax.Array, uniforms: jax.Array,
+                       temperature) -> tuple[jax.Array, jax.Array]:
+  """``sample_tokens`` with its two uniforms per row given: logits float32 [..., V], uniforms
+  float32 [..., 2] in [0, 1) (unused when greedy). Returns (tokens int32 [...], logprobs float32
+  [...]) as ``sample_tokens``."""
   t = jnp.asarray(temperature, jnp.float32)
   greedy = t <= 0.0
   z = logits / jnp.where(greedy, 1.0, t)
@@ -192,7 +216,7 @@ def sample_tokens(logits: jax.Array, rng: jax.Array, temperature) -> tuple[jax.A
   # a cond, not a select: greedy decoding (eval) skips the sampling work
   tokens = jax.lax.cond(
       greedy, lambda: first_argmax(logits),
-      lambda: inverse_cdf_tokens(mass, jax.random.uniform(rng, (*z.shape[:-1], 2), z.dtype)))
+      lambda: inverse_cdf_tokens(mass, uniforms.astype(z.dtype)))
   tokens = tokens.astype(jnp.int32)
   z_token = jnp.take_along_axis(z, tokens[..., None], axis=-1)[..., 0]
   return tokens, z_token - jnp.log(jnp.sum(mass, axis=-1))
@@ -258,11 +282,14 @@ class SAOEngine(engine_api.Engine):
     max_prefill_length: longest chunk one prefill call takes (prompt or observation).
     temperature: sampling temperature (0 = greedy).
     seed: PRNG seed for sampling.
-    mesh: device mesh the engine runs on (default: one device).
+    mesh: device mesh the engine runs on (default: one device). Its ``data`` axis, when larger
+      than 1, splits the slots: device d holds slots ``d * n .. (d + 1) * n - 1`` (``n = slots /
+      data``) and decodes and prefills them on its own, with replicated params and no
+      communication (``jax.shard_map``); the draws are those of one device. Other axes replicate.
     kv_bucket: smallest live-length bucket (cache positions attended to); buckets double from
       it up to ``cache_len``.
 
-  Raises ValueError for ``kv_bucket < 1``.
+  Raises ValueError for ``kv_bucket < 1`` or slots not divisible by the mesh's ``data`` axis.
   """
 
   def __init__(self, model_config: ModelConfig, graphdef, tokenizer, *,
@@ -280,18 +307,35 @@ class SAOEngine(engine_api.Engine):
     self.temperature = float(temperature)
     self.cache_len = model_config.max_seq_len + 1
     self._mesh = mesh or jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    self._dp = int(dict(self._mesh.shape).get("data", 1))  # devices the slots are split over
+    if max_concurrent_decodes % self._dp:
+      raise ValueError(f"rollout.slots={max_concurrent_decodes} must be a multiple of the engine "
+                       f"mesh's data axis ({self._dp} devices): each device holds as many slots")
     self._base_key = jax.random.key(seed)
     self._counter = itertools.count()
     self._lock = threading.Lock()
+    split, rep = PartitionSpec("data"), PartitionSpec()
+    state_spec = DecodeState(cache=[(split, split)] * model_config.n_layers, lengths=split,
+                             tokens=split, logprobs=split, rng=rep)
+    self._state_sharding = jax.tree.map(lambda p: NamedSharding(self._mesh, p), state_spec,
+                                        is_leaf=lambda x: isinstance(x, PartitionSpec))
     self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("has_prefix", "kv_len"))
-    self._generate_jit = jax.jit(self._generate_impl, donate_argnums=(1,),
-                                 static_argnames=("kv_len",))
-    self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,))
+    self._generate_jit = jax.jit(
+        self._split_slots(self._generate_impl, (rep, state_spec, rep), (state_spec, split)),
+        donate_argnums=(1,), static_argnames=("kv_len",))
+    # the JetStream-API copies between a one-row Prefix and a slot stay global (jit places them)
+    dp_out = None if self._dp == 1 else self._state_sharding
+    self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,), out_shardings=dp_out)
     self._slot_prefix_jit = jax.jit(self._slot_prefix_impl)
-    self._prefill_insert_jit = jax.jit(self._prefill_insert_impl, donate_argnums=(1,),
-                                       static_argnames=("kv_len",))
-    self._generate_steps_jit = jax.jit(self._generate_steps_impl, donate_argnums=(1,),
-                                       static_argnames=("kv_len", "num_steps"))
+    self._prefill_insert_jit = jax.jit(
+        self._split_slots(self._prefill_insert_impl,
+                          (rep, state_spec, split, split, split, split, split, rep, rep),
+                          (state_spec, split, split)),
+        donate_argnums=(1,), static_argnames=("kv_len",))
+    self._generate_steps_jit = jax.jit(
+        self._split_slots(self._generate_steps_impl, (rep, state_spec, rep),
+                          (state_spec, split, split)),
+        donate_argnums=(1,), static_argnames=("kv_len", "num_steps"))
     self._compiled_for = set()  # decode-state shapes whose live-length buckets are compiled
 
   # ---- pure implementations -------------------------------------------------------------------
@@ -312,12 +356,38 @@ class SAOEngine(engine_api.Engine):
     token, logprob = sample_tokens(last, jax.random.fold_in(*rng), temperature)
     return Prefix(cache=cache, length=start + true_length, token=token, logprob=logprob)
 
+  def _split_slots(self, impl, in_specs, out_specs):
+    """``impl`` run per device on its share of the slots when the mesh's data axis splits them
+    (``jax.shard_map``: per-slot arrays ``P("data")``, params / keys / scalars replicated, no
+    collective inside); ``impl`` itself on one device."""
+    if self._dp == 1:
+      return impl
+
+    @functools.wraps(impl)  # keeps the signature, for jit's static_argnames
+    def run(*args, **static):
+      return jax.shard_map(functools.partial(impl, **static), mesh=self._mesh, in_specs=in_specs,
+                           out_specs=out_specs, check_vma=False)(*args)
+    return run
+
+  def _uniforms(self, key, n: int, rows=None):
+    """Two uniforms per row: those of rows ``rows`` (int32 [n]; default this device's slots)
+    out of ``uniform(key, [n * devices, 2])``, so a row's draw is the same whether the slots are
+    split over devices or not (threefry is partitionable: a prefix of a larger draw is the
+    smaller draw)."""
+    u = jax.random.uniform(key, (n * self._dp, 2), jnp.float32)
+    if rows is not None:
+      return u[rows]
+    if self._dp == 1:
+      return u
+    return jax.lax.dynamic_slice_in_dim(u, jax.lax.axis_index("data") * n, n)
+
   def _generate_impl(self, params, state: DecodeState, temperature, *, kv_len):
     model = nnx.merge(self.graphdef, params)
     rng, sub = jax.random.split(state.rng)
     logits, cache = model(state.tokens[:, None], state.lengths[:, None], state.cache,
                           kv_len=kv_len)
-    tokens, logprobs = sample_tokens(logits[:, 0], sub, temperature)
+    tokens, logprobs = sample_tokens_from(logits[:, 0], self._uniforms(sub, logits.shape[0]),
+                                          temperature)
     lengths = jnp.minimum(state.lengths + 1, self.cfg.max_seq_len)
     new_state = DecodeState(cache=cache, lengths=lengths, tokens=tokens, logprobs=logprobs,
                             rng=rng)
@@ -335,15 +405,17 @@ class SAOEngine(engine_api.Engine):
     return state, tokens.T, logprobs.T
 
   def _prefill_insert_impl(self, params, state: DecodeState, slots, tokens, true_lengths,
-                           starts, rng, temperature, *, kv_len):
+                           starts, draws, rng, temperature, *, kv_len):
     n, t = tokens.shape
     model = nnx.merge(self.graphdef, params)
     positions = starts[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
     # each chunk straight into its slot's rows of the decode-state cache (writes in place)
     h, cache = model.hidden(tokens, positions, state.cache, kv_len=kv_len, cache_rows=slots)
     h_last = jnp.take_along_axis(h, (true_lengths - 1)[:, None, None], axis=1)  # [n, 1, D]
-    new_tokens, logprobs = sample_tokens(model.logits_from_hidden(h_last)[:, 0],
-                                         jax.random.fold_in(*rng), temperature)
+    # row r's uniforms are those of row draws[r] (its place among the call's chunks)
+    new_tokens, logprobs = sample_tokens_from(
+        model.logits_from_hidden(h_last)[:, 0],
+        self._uniforms(jax.random.fold_in(*rng), n, draws), temperature)
     put = lambda x, u: x.at[slots].set(u.astype(x.dtype), unique_indices=True, mode="drop")
     state = state.replace(cache=cache, lengths=put(state.lengths, starts + true_lengths),
                           tokens=put(state.tokens, new_tokens),
@@ -457,8 +529,9 @@ class SAOEngine(engine_api.Engine):
     donated. A multi-turn observation chunk begins with the slot's pending token (the sampled
     token that ended the turn, not yet cached) at ``starts[r]`` = its position, the slot's true
     length, followed by the observation's tokens. Rows are right-padded to a common length
-    ``min(max(8, next power of two), max_prefill_length)``, and the row count to ``rows``
-    (default: the next power of two, at most the slot count; padding rows write nowhere), so
+    ``min(max(8, next power of two), max_prefill_length)``, and the row count to ``rows`` per
+    device of the mesh's data axis (default: the next power of two of the most chunks one
+    device's slots get, at most its slot count; padding rows write nowhere), so
     compiles stay few: one per (rows, length) for fresh prompts (which attend over their chunk
     only) and one per (rows, length) for appended chunks (which attend over the whole cache).
 
@@ -491,27 +564,36 @@ class SAOEngine(engine_api.Engine):
         raise ValueError(f"prefill_insert: starts={s} for slot {slot}, whose cache holds "
                          f"{host[slot]} positions; a start must be 0..the cached length")
     t = min(max(8, 1 << (longest - 1).bit_length()), self._max_prefill)
-    rows = rows or min(1 << (len(slots) - 1).bit_length(), self._slots)
-    if rows < len(slots):
-      raise ValueError(f"prefill_insert: rows={rows} < {len(slots)} prompts")
-    tokens = np.full((rows, t), self.tokenizer.pad_id if self.tokenizer else 0, np.int32)
-    lengths = np.ones((rows,), np.int32)
-    first = np.zeros((rows,), np.int32)
-    idx = np.full((rows,), self._slots, np.int32)  # out of range: dropped by the scatter
-    for r, (slot, p, s) in enumerate(zip(slots, prompts, starts)):
-      tokens[r, :len(p)], lengths[r], idx[r], first[r] = p, len(p), slot, s
+    # rows of device d: chunks for its slots (d * local .. (d + 1) * local - 1), then padding
+    local = self._slots // self._dp
+    shard_of = [slot // local for slot in slots]
+    most = max(shard_of.count(d) for d in range(self._dp))
+    rows = rows or min(1 << (most - 1).bit_length(), local)
+    if rows < most:
+      raise ValueError(f"prefill_insert: rows={rows} < {most} prompts for one device's slots")
+    n_rows = rows * self._dp
+    tokens = np.full((n_rows, t), self.tokenizer.pad_id if self.tokenizer else 0, np.int32)
+    lengths = np.ones((n_rows,), np.int32)
+    first = np.zeros((n_rows,), np.int32)
+    idx = np.full((n_rows,), local, np.int32)  # out of the device's range: dropped by the scatter
+    draws = np.arange(n_rows, dtype=np.int32) if self._dp == 1 else np.zeros((n_rows,), np.int32)
+    at, used = [], [0] * self._dp
+    for r, (slot, p, s, d) in enumerate(zip(slots, prompts, starts, shard_of)):
+      i = d * rows + used[d]
+      used[d] += 1
+      tokens[i, :len(p)], lengths[i], idx[i], first[i], draws[i] = p, len(p), slot - d * local, s, r
+      at.append(i)
     temp = np.float32(self.temperature if temperature is None else temperature)
     # fresh prompts attend over their chunk only; appended chunks over the whole cache (as
     # ``prefill``: a live-length bucket would multiply the compiled variants)
     kv_len = t if not any(starts) else None
     state, new_tokens, logprobs = self._prefill_insert_jit(
-        params, decode_state.replace(host_lengths=None), idx, tokens, lengths, first,
+        params, decode_state.replace(host_lengths=None), idx, tokens, lengths, first, draws,
         self._next_key(), temp, kv_len=kv_len)
     for slot, p, s in zip(slots, prompts, starts):
       host[slot] = s + len(p)
-    n = len(slots)
     new_tokens, logprobs = jax.device_get((new_tokens, logprobs))
-    return state.replace(host_lengths=tuple(host)), new_tokens[:n], logprobs[:n]
+    return state.replace(host_lengths=tuple(host)), new_tokens[at], logprobs[at]
 
   def live_buckets(self) -> list:
     """Every ``kv_len`` ``generate`` can pick: one compiled decode step each."""
@@ -555,9 +637,9 @@ class SAOEngine(engine_api.Engine):
                         lengths=jnp.zeros((n,), jnp.int32), tokens=jnp.zeros((n,), jnp.int32),
                         logprobs=jnp.zeros((n,), jnp.float32), rng=jax.random.key(seed),
                         host_lengths=(0,) * n)
-    if self._mesh.size > 1:  # live on the engine's (sub-)mesh, replicated
-      state = jax.device_put(state, jax.sharding.NamedSharding(self._mesh,
-                                                               jax.sharding.PartitionSpec()))
+    if self._mesh.size > 1:  # on the engine's (sub-)mesh: slots split over its data axis
+      state = jax.device_put(state.replace(host_lengths=None), self._state_sharding)
+      state = state.replace(host_lengths=(0,) * n)
     return state
 
   def load_params(self, params=None, *args, **kwargs):  # pylint: disable=arguments-differ
