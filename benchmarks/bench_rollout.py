@@ -7,6 +7,11 @@ env inline), on two engine paths in one process, interleaved:
 - "ours": the worker's default path on ``SAOEngine`` -- a fresh prompt and every observation
   prefilled straight into its decode slot (``prefill_insert``, ``starts=`` for observations),
   ``rollout.decode_steps`` tokens per ``generate_steps`` call.
+- "ours@N" (N = the core count, when above 1): the same path on an engine whose slots are split
+  over N host devices (``SAOEngine(mesh=)``; the process starts with
+  ``--xla_force_host_platform_device_count`` = the core count unless ``XLA_FLAGS`` sets one). It
+  draws the same tokens as "ours" (same seed in each round), so the two roll out the same
+  trajectories.
 - "jetstream_api": the same engine seen through the JetStream API only (``prefill`` /
   ``insert`` / ``generate`` / ``slot_prefix``: a one-row prefill per prompt or observation,
   inserted into the slot, one token per call), the path any other JetStream engine takes.
@@ -27,11 +32,18 @@ import os
 import tempfile
 import time
 
+# one XLA:CPU device per core, so an engine can split its slots over them (set before JAX starts)
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             f" --xla_force_host_platform_device_count={os.cpu_count()}").strip()
+
 import common  # pylint: disable=import-error
+import jax
 import numpy as np
 
 from configs import arith_tool
 from sao_jax import tasks
+from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.worker import RolloutWorker
 from sao_jax.train import setup
@@ -67,17 +79,30 @@ def main():
   policy = setup.build_policy(c, task, warm_start=not args.quick)
   engine = setup.make_engine(c, policy, task.tokenizer, slots=c.rollout.slots, temperature=1.0)
   problems = task.train_problems[:n]
-  stats = {"ours": [], "jetstream_api": []}
+  paths = {"ours": (engine, policy.params)}
+  ndev = len(jax.devices())
+  if ndev > 1 and c.rollout.slots % ndev == 0:
+    mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
+    paths[f"ours@{ndev}"] = (
+        SAOEngine(policy.mcfg, policy.graphdef, task.tokenizer,
+                  max_concurrent_decodes=c.rollout.slots,
+                  max_prefill_length=c.rollout.max_prefill_length, temperature=1.0,
+                  seed=c.seed, mesh=mesh),
+        jax.device_put(policy.params, jax.sharding.NamedSharding(
+            mesh, jax.sharding.PartitionSpec())))
+  paths["jetstream_api"] = (JetStreamOnly(engine), policy.params)
+  stats = {name: [] for name in paths}
 
   def rollout(name, seed):
     out = []
-    engine.reseed(seed)
+    eng, params = paths[name]
+    eng.reseed(seed)
     worker = RolloutWorker(
-        engine if name == "ours" else JetStreamOnly(engine), task.env, iter(problems),
-        lambda t: out.append(t) or True, WeightStore(policy.params, 0), stop_ids=task.stop_ids,
+        eng, task.env, iter(problems),
+        lambda t: out.append(t) or True, WeightStore(params, 0), stop_ids=task.stop_ids,
         stop_strings=task.stop_strings, max_new_tokens=c.rollout.max_new_tokens,
         max_seq_len=c.model.max_seq_len, temperature=1.0, seed=seed,
-        decode_steps=c.rollout.decode_steps if name == "ours" else 1)
+        decode_steps=1 if name == "jetstream_api" else c.rollout.decode_steps)
     t0 = time.perf_counter()
     worker.run()
     wall = time.perf_counter() - t0
@@ -88,11 +113,9 @@ def main():
                         "prefill_s": worker.stats.prefill_s,
                         "generate_s": worker.stats.generate_s})
 
-  seed = 0
-  for _ in range(1 + repeats):  # round 0 compiles; the paths take turns in every round
-    for name in stats:
-      seed += 1
-      rollout(name, seed)
+  for r in range(1 + repeats):  # round 0 compiles; the paths take turns in every round
+    for name in stats:  # the "ours" paths share a seed in each round: the same draws
+      rollout(name, 10 * r + (2 if name == "jetstream_api" else 1))
   rows = []
   for name, runs in stats.items():
     runs = runs[1:]
@@ -103,7 +126,8 @@ def main():
                  "turns / trajectory": common.median([r["turns"] for r in runs]),
                  "prefill_s": common.median([r["prefill_s"] for r in runs]),
                  "generate_s": common.median([r["generate_s"] for r in runs])})
-  rows[0]["ours / jetstream_api"] = rows[0]["action tok/s"] / rows[1]["action tok/s"]
+  for row in rows[:-1]:
+    row["/ jetstream_api"] = row["action tok/s"] / rows[-1]["action tok/s"]
   common.report("rollout (configs/arith_tool.py, " + ("quick: random init" if args.quick
                                                       else "SFT warm start") + ")", rows, args,
                 {"problems": n, "slots": c.rollout.slots, "decode_steps": c.rollout.decode_steps,

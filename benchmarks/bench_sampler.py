@@ -24,13 +24,14 @@ top_p=1``, ``min_new_tokens = max_new_tokens``. Tunix: one ``Sampler.__call__`` 
 compiled decode loop), cache of ``16 + new`` positions, at temperature 1 with ``top_p=1.0``, no
 top-k and ``return_logprobs=True`` -- the same work as ours (with top_p 1 and no top-k Tunix 0.1.7
 skips its vocabulary sort and draws with ``jax.random.categorical``); "ours/tunix" compares these.
-Both again in greedy mode ("ours_greedy" = the engine at temperature 0, "tunix_greedy"), each
-side's cheapest. tokens/s =
-B * new / wall time (prefill included for every peer; "ours decode-only" excludes it). Bound:
-per decode step the weights plus the KV cache of the average context must be read once:
-(weight bytes + KV bytes) / measured bandwidth. Roofline: the lower of that and the compute
+Both again in greedy mode ("ours_greedy" = the engine at temperature 0 on its faster device
+count, "tunix_greedy"), each side's cheapest. tokens/s = B * new / wall time (prefill included
+for every peer; "ours decode-only" excludes it). Bound: per decode step the weights plus the KV
+cache of the average context must be read once: (weight bytes + KV bytes) / measured bandwidth
+(every core reading, ``common.measure_bandwidth``). Roofline: the lower of that and the compute
 bound, measured matmul FLOP/s / FLOPs per token (2 per weight + attention over the average
-context): on a CPU with cache-resident weights a decode step is compute-bound. Peers run interleaved in one process; medians.
+context): on a CPU with cache-resident weights a decode step is compute-bound. Peers run
+interleaved in one process; medians.
 """
 
 from __future__ import annotations

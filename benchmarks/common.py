@@ -91,12 +91,19 @@ def measure_matmul_peak(n: int = 1024, repeats: int = 5, dtype: str = "float32")
 
 
 def measure_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
-  """Host memory read bandwidth (bytes/s): median of a NumPy sum over ``nbytes`` of float32
-  (read once). The decode bound uses this."""
+  """Host memory read bandwidth (bytes/s) with every core reading: the larger median of a NumPy
+  sum over ``nbytes`` of float32 (one thread) and a jitted ``jnp.sum`` of it (XLA:CPU reads with
+  all its threads), each reading the array once. The decode bound uses this. (One NumPy thread
+  alone reads ~12-14 GB/s on the 2-core development host, both cores ~22-24 GB/s: a one-thread
+  probe halved the bound for an engine that uses both cores.)"""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   x = np.ones(nbytes // 4, np.float32)
-  t = time_interleaved({"sum": lambda: x.sum()}, warmup=1, repeats=repeats)["sum"]
-  return nbytes / median(t)
+  xj, total = jnp.asarray(x), jax.jit(jnp.sum)
+  t = time_interleaved({"numpy": lambda: x.sum(), "xla": lambda: total(xj)}, warmup=1,
+                       repeats=repeats)
+  return nbytes / min(median(t["numpy"]), median(t["xla"]))
 
 
 def measure_matmul_flops(n: int = 1024, repeats: int = 5) -> float:
