@@ -33,3 +33,17 @@ class Step:
   done: bool
   reward: float
   info: dict
+
+
+class EchoEnv:
+  """Two turns: turn 0 is answered with 4 observation tokens [6, 7, 8, 9]; turn 1 ends the
+  episode with reward ``len(action_ids)``."""
+  max_turns = 2
+
+  def prompt_ids(self, p):
+    return [1] + p.prompt
+
+  def step(self, p, turn, action_ids):
+    if turn == 0:
+      return Step([6, 7, 8, 9], False, 0.0, {})
+    return Step([], True, float(len(action_ids)), {"tool_calls": 1})

@@ -15,20 +15,7 @@ from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.worker import RolloutWorker
 from sao_jax.train.steps import token_logprobs
 
-from rollout_fixtures import CFG, P, Step, Tok  # noqa: E402  (tests/ is on sys.path)
-
-
-class EchoEnv:
-  """Two turns: after the first turn the env answers with 4 observation tokens."""
-  max_turns = 2
-
-  def prompt_ids(self, p):
-    return [1] + p.prompt
-
-  def step(self, p, turn, action_ids):
-    if turn == 0:
-      return Step([6, 7, 8, 9], False, 0.0, {})
-    return Step([], True, float(len(action_ids)), {"tool_calls": 1})
+from rollout_fixtures import CFG, EchoEnv, P, Tok  # noqa: E402  (tests/ is on sys.path)
 
 
 def _setup(temperature=1.0, slots=4):

@@ -17,20 +17,7 @@ from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.worker import RolloutWorker
 from sao_jax.train.steps import token_logprobs
 
-from rollout_fixtures import CFG, P, Step, Tok  # noqa: E402  (tests/ is on sys.path)
-
-
-class EchoEnv:
-  """Turn 0 is answered with 4 observation tokens; turn 1 ends the episode."""
-  max_turns = 2
-
-  def prompt_ids(self, p):
-    return [1] + p.prompt
-
-  def step(self, p, turn, action_ids):
-    if turn == 0:
-      return Step([6, 7, 8, 9], False, 0.0, {})
-    return Step([], True, 1.0, {})
+from rollout_fixtures import CFG, EchoEnv, P, Tok  # noqa: E402  (tests/ is on sys.path)
 
 
 def _setup(slots=1, temperature=1.0):

@@ -37,8 +37,10 @@ every cache write). A row's uniforms are its slice of one draw for all rows, so 
 those of one device (``tests/test_engine_data_parallel.py``). On a CPU host this is how the engine
 uses several cores: XLA:CPU spreads one small decode step poorly over two threads (a [32, 256] x
 [256, 768] dot is no faster on two cores than on one), while two host devices
-(``--xla_force_host_platform_device_count``) each decoding half the slots overlap: 1.25 / 1.43 /
-1.54x tokens/s at 8 / 32 / 128 slots on 2 cores (``benchmarks/RESULTS.md`` section 2).
+(``--xla_force_host_platform_device_count``) each decoding half the slots overlap: 0.96-1.25 /
+1.18-1.43 / 1.39-1.54x tokens/s at 8 / 32 / 128 slots on 2 cores over six runs. A multi-turn
+rollout of one-row prefills is slower split (each call runs on every device): 0.64 vs 0.49 s on
+``configs/arith_tool.py`` (``benchmarks/RESULTS.md`` section 2, "2026-12-02, later").
 
 KV-cache layout: per layer ``k [slots, n_kv_heads, head_dim, cache_len]`` (keys transposed) and
 ``v [slots, n_kv_heads, cache_len, head_dim]`` (``transformer.init_cache``);

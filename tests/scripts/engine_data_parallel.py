@@ -12,24 +12,11 @@ import numpy as np
 from flax import nnx
 
 sys.path.insert(0, __file__.rsplit("/scripts/", 1)[0])  # tests/: rollout_fixtures
-from rollout_fixtures import CFG, P, Step, Tok  # noqa: E402
+from rollout_fixtures import CFG, EchoEnv, P, Tok  # noqa: E402
 from sao_jax.models.transformer import Transformer  # noqa: E402
 from sao_jax.rollout.engine import SAOEngine  # noqa: E402
 from sao_jax.rollout.sync import WeightStore  # noqa: E402
 from sao_jax.rollout.worker import RolloutWorker  # noqa: E402
-
-
-class EchoEnv:
-  """Two turns: after the first the env answers with 4 observation tokens."""
-  max_turns = 2
-
-  def prompt_ids(self, p):
-    return [1] + p.prompt
-
-  def step(self, p, turn, action_ids):
-    if turn == 0:
-      return Step([6, 7, 8, 9], False, 0.0, {})
-    return Step([], True, float(len(action_ids)), {})
 
 
 def calls(engine, params):
