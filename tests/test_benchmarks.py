@@ -55,14 +55,21 @@ def test_sampler_quick(tmp_path):
   rec = _run("bench_sampler.py", tmp_path)
   assert [r["batch"] for r in rec["rows"]] == [1, 2]
   assert rec["jit_cache_sizes"]["1"]["generate"] == 1
+  # ours on 1 device and, where the batch divides, on one host device per core
+  n = os.cpu_count()
+  assert "ours@1 tok/s" in rec["rows"][0] and ("ours@2 tok/s" in rec["rows"][1]) == (n >= 2)
 
 
 def test_rollout_quick_both_engine_paths(tmp_path):
   rec = _run("bench_rollout.py", tmp_path)
-  assert [r["path"] for r in rec["rows"]] == ["ours", "jetstream_api"]
+  n = os.cpu_count()
+  split = [f"ours@{n}"] if n > 1 and 32 % n == 0 else []  # configs/arith_tool.py: 32 slots
+  assert [r["path"] for r in rec["rows"]] == ["ours", *split, "jetstream_api"]
   for r in rec["rows"]:  # every problem rolled out, each with >= 1 sampled token and turn
     assert r["trajectories"] == 16 and r["action tokens"] >= 16 and r["turns / trajectory"] >= 1
-  assert rec["rows"][0]["ours / jetstream_api"] > 0
+  assert rec["rows"][0]["/ jetstream_api"] > 0
+  if split:  # the same seed on one and on n devices: the same draws, so the same trajectories
+    assert rec["rows"][1]["action tokens"] == rec["rows"][0]["action tokens"]
 
 
 def test_ab_engine_quick_decodes_what_it_times(tmp_path):
