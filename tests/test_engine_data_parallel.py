@@ -24,6 +24,7 @@ def test_engine_split_over_two_devices_equals_one_device():
   # prefill_insert (fresh, uneven over the devices; appended observations), generate_steps,
   # generate and prefill + insert: the same tokens, log-probs within 1e-5
   assert r["tokens_equal"] == [True] * 7 and r["max_logprob_diff"] <= 1e-5
+  assert r["explicit_mesh_tokens_equal"] == [True] * 7  # a mesh with Explicit axis types too
   assert r["lengths"][0] == r["lengths"][1] == r["host_lengths"][0] == r["host_lengths"][1]
   assert r["cache_spec"] == "P('data',)" and r["cache_devices"] == [0, 1]
   assert r["collectives"] == []  # each device decodes its own slots

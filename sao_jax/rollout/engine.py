@@ -325,10 +325,11 @@ class SAOEngine(engine_api.Engine):
     self._generate_jit = jax.jit(
         self._split_slots(self._generate_impl, (rep, state_spec, rep), (state_spec, split)),
         donate_argnums=(1,), static_argnames=("kv_len",))
-    # the JetStream-API copies between a one-row Prefix and a slot stay global (jit places them)
-    dp_out = None if self._dp == 1 else self._state_sharding
-    self._insert_jit = jax.jit(self._insert_impl, donate_argnums=(1,), out_shardings=dp_out)
-    self._slot_prefix_jit = jax.jit(self._slot_prefix_impl)
+    self._insert_jit = jax.jit(
+        self._split_slots(self._insert_impl, (rep, state_spec, rep), state_spec),
+        donate_argnums=(1,))
+    self._slot_prefix_jit = jax.jit(self._split_slots(self._slot_prefix_impl, (state_spec, rep),
+                                                      rep))
     self._prefill_insert_jit = jax.jit(
         self._split_slots(self._prefill_insert_impl,
                           (rep, state_spec, split, split, split, split, split, rep, rep),
@@ -365,8 +366,15 @@ class SAOEngine(engine_api.Engine):
     if self._dp == 1:
       return impl
 
+    explicit = jax.sharding.AxisType.Explicit in self._mesh.axis_types
+
     @functools.wraps(impl)  # keeps the signature, for jit's static_argnames
     def run(*args, **static):
+      if explicit:  # an Explicit-axes mesh takes inputs only as in_specs lays them out
+        args = jax.tree.map(
+            lambda spec, sub: jax.tree.map(
+                lambda x: jax.sharding.reshard(x, NamedSharding(self._mesh, spec)), sub),
+            tuple(in_specs), args, is_leaf=lambda x: isinstance(x, PartitionSpec))
       return jax.shard_map(functools.partial(impl, **static), mesh=self._mesh, in_specs=in_specs,
                            out_specs=out_specs, check_vma=False)(*args)
     return run
@@ -424,21 +432,42 @@ class SAOEngine(engine_api.Engine):
                           logprobs=put(state.logprobs, logprobs))
     return state, new_tokens, logprobs
 
-  @staticmethod
-  def _insert_impl(prefix: Prefix, state: DecodeState, slot):
-    cache = [(jax.lax.dynamic_update_slice_in_dim(k, pk, slot, axis=0),
-              jax.lax.dynamic_update_slice_in_dim(v, pv, slot, axis=0))
-             for (k, v), (pk, pv) in zip(state.cache, prefix.cache)]
-    return state.replace(cache=cache, lengths=state.lengths.at[slot].set(prefix.length),
-                         tokens=state.tokens.at[slot].set(prefix.token),
-                         logprobs=state.logprobs.at[slot].set(prefix.logprob))
+  def _local_slot(self, slot, state: DecodeState):
+    """``slot`` (global) as an index into this device's slots: out of 0 .. n - 1 on a device
+    that does not hold it (the whole range on one device)."""
+    if self._dp == 1:
+      return slot
+    return slot - jax.lax.axis_index("data") * state.lengths.shape[0]
 
-  @staticmethod
-  def _slot_prefix_impl(state: DecodeState, slot):
-    cache = [(jax.lax.dynamic_slice_in_dim(k, slot, 1, axis=0),
-              jax.lax.dynamic_slice_in_dim(v, slot, 1, axis=0)) for k, v in state.cache]
-    return Prefix(cache=cache, length=state.lengths[slot], token=state.tokens[slot],
-                  logprob=state.logprobs[slot])
+  def _insert_impl(self, prefix: Prefix, state: DecodeState, slot):
+    if self._dp == 1:
+      cache = [(jax.lax.dynamic_update_slice_in_dim(k, pk, slot, axis=0),
+                jax.lax.dynamic_update_slice_in_dim(v, pv, slot, axis=0))
+               for (k, v), (pk, pv) in zip(state.cache, prefix.cache)]
+      return state.replace(cache=cache, lengths=state.lengths.at[slot].set(prefix.length),
+                           tokens=state.tokens.at[slot].set(prefix.token),
+                           logprobs=state.logprobs.at[slot].set(prefix.logprob))
+    # slots split: the device holding ``slot`` writes it, the others drop the write
+    at = self._local_slot(slot, state)
+    put = lambda x, u: x.at[at].set(u.astype(x.dtype), mode="drop")
+    cache = [(put(k, pk[0]), put(v, pv[0])) for (k, v), (pk, pv) in zip(state.cache, prefix.cache)]
+    return state.replace(cache=cache, lengths=put(state.lengths, prefix.length),
+                         tokens=put(state.tokens, prefix.token),
+                         logprobs=put(state.logprobs, prefix.logprob))
+
+  def _slot_prefix_impl(self, state: DecodeState, slot):
+    at = self._local_slot(slot, state)
+    if self._dp == 1:
+      take = lambda x: jax.lax.dynamic_slice_in_dim(x, at, 1, axis=0)
+    else:  # slots split: the holder's rows, summed with the others' zeros (one psum)
+      own = (at >= 0) & (at < state.lengths.shape[0])
+      at = jnp.clip(at, 0, state.lengths.shape[0] - 1)
+      take = lambda x: jax.lax.psum(
+          jnp.where(own, jax.lax.dynamic_slice_in_dim(x, at, 1, axis=0), jnp.zeros((), x.dtype)),
+          "data")
+    cache = [(take(k), take(v)) for k, v in state.cache]
+    return Prefix(cache=cache, length=take(state.lengths)[0], token=take(state.tokens)[0],
+                  logprob=take(state.logprobs)[0])
 
   def reseed(self, seed: int) -> None:
     """Restarts the engine's sampling key stream at ``seed`` (deterministic / resumed rollout)."""

@@ -1,6 +1,6 @@
 """Run with 2 forced CPU devices (``tests/test_engine_data_parallel.py``): ``SAOEngine`` on a
-2-device mesh (slots split over the ``data`` axis) against the same engine on one device, call
-for call, and a multi-turn ``RolloutWorker`` on each. Prints one JSON line of what it measured;
+2-device mesh (slots split over the ``data`` axis; Auto and Explicit axis types) against the
+same engine on one device, call for call, and a multi-turn ``RolloutWorker`` on each. Prints one JSON line of what it measured;
 the test asserts on it."""
 
 import json
@@ -41,6 +41,10 @@ def calls(engine, params):
   pre = engine.prefill(params=params, padded_tokens=np.array([1, 2, 3, 4, 0, 0, 0, 0], np.int32),
                        true_length=4)
   st = engine.insert(pre, st, 6)
+  # multi-turn through the JetStream API: a slot's cache out, a chunk prefilled on it, back in
+  cont = engine.prefill(params=params, existing_prefix=engine.slot_prefix(st, 5),
+                        padded_tokens=np.array([3, 4, 0, 0, 0, 0, 0, 0], np.int32), true_length=2)
+  st = engine.insert(cont, st, 5)
   st, t, l = engine.generate_steps(params, st, 4)
   out.append((t, l))
   return [(np.asarray(t), np.asarray(l)) for t, l in out], st
@@ -65,6 +69,8 @@ def main():
   one, st1 = calls(SAOEngine(CFG, graphdef, Tok(), **kw), params)
   split_engine = SAOEngine(CFG, graphdef, Tok(), mesh=mesh, **kw)
   two, st2 = calls(split_engine, params)
+  explicit = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,))
+  two_explicit, _ = calls(SAOEngine(CFG, graphdef, Tok(), mesh=explicit, **kw), params)
   hlo = split_engine._generate_steps_jit.lower(  # pylint: disable=protected-access
       params, st2.replace(host_lengths=None), np.float32(1.0), kv_len=split_engine.cache_len,
       num_steps=2).compile().as_text()
@@ -78,6 +84,8 @@ def main():
   print(json.dumps({
       "tokens_equal": [bool(np.array_equal(a[0], b[0])) for a, b in zip(one, two)],
       "max_logprob_diff": max(float(np.abs(a[1] - b[1]).max()) for a, b in zip(one, two)),
+      "explicit_mesh_tokens_equal": [bool(np.array_equal(a[0], b[0]))
+                                     for a, b in zip(one, two_explicit)],
       "lengths": [np.asarray(st1.lengths).tolist(), np.asarray(st2.lengths).tolist()],
       "host_lengths": [list(st1.host_lengths), list(st2.host_lengths)],
       "cache_spec": str(st2.cache[0][0].sharding.spec),
