@@ -31,9 +31,9 @@ distribution the trainer does not recompute.
 
 Slots split over devices: on a mesh whose ``data`` axis has n > 1 devices (``SAOEngine(mesh=)``),
 device d holds slots ``d * S/n .. (d + 1) * S/n - 1`` of the decode state (``P("data")``), the
-params are replicated, and ``generate``, ``generate_steps`` and ``prefill_insert`` run per device
-under ``jax.shard_map`` with no communication (plain ``jit`` on that state put an all-gather into
-every cache write). A row's uniforms are its slice of one draw for all rows, so the tokens are
+params are replicated, and ``generate``, ``generate_steps``, ``prefill_insert`` and ``insert`` run
+per device under ``jax.shard_map`` with no communication (plain ``jit`` on that state put an
+all-gather into every cache write); ``slot_prefix`` reads a slot out with one ``psum``. A row's uniforms are its slice of one draw for all rows, so the tokens are
 those of one device (``tests/test_engine_data_parallel.py``). On a CPU host this is how the engine
 uses several cores: XLA:CPU spreads one small decode step poorly over two threads (a [32, 256] x
 [256, 768] dot is no faster on two cores than on one), while two host devices
