@@ -163,6 +163,8 @@ def main():
   flops = common.measure_matmul_flops(256 if args.quick else 1024)
   rows, cache_sizes = [], {}
   engine_devices = sorted({int(x) for x in args.engine_devices.split(",")})
+  if args.quick:  # batches 1 and 2: one device and (where there are 2) two
+    engine_devices = sorted({1, min(2, len(jax.devices()))})
   for b in batches:
     engines = {}  # devices -> (engine, params on its mesh)
     for d in engine_devices:

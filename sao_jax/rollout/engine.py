@@ -37,8 +37,9 @@ all-gather into every cache write); ``slot_prefix`` reads a slot out with one ``
 those of one device (``tests/test_engine_data_parallel.py``). On a CPU host this is how the engine
 uses several cores: XLA:CPU spreads one small decode step poorly over two threads (a [32, 256] x
 [256, 768] dot is no faster on two cores than on one), while two host devices
-(``--xla_force_host_platform_device_count``) each decoding half the slots overlap: 0.96-1.25 /
-1.18-1.43 / 1.39-1.54x tokens/s at 8 / 32 / 128 slots on 2 cores over six runs. A multi-turn
+(``--xla_force_host_platform_device_count=2``: two XLA devices, whose programs can run at the same
+time) each decoding half the slots overlap: 0.95-1.25 / 1.18-1.50 / 1.40-1.61x tokens/s at 8 /
+32 / 128 slots on 2 cores over six runs. A multi-turn
 rollout of one-row prefills is slower split (each call runs on every device): 0.64 vs 0.49 s on
 ``configs/arith_tool.py`` (``benchmarks/RESULTS.md`` section 2, "2026-12-02, later").
 
@@ -287,7 +288,10 @@ class SAOEngine(engine_api.Engine):
     mesh: device mesh the engine runs on (default: one device). Its ``data`` axis, when larger
       than 1, splits the slots: device d holds slots ``d * n .. (d + 1) * n - 1`` (``n = slots /
       data``) and decodes and prefills them on its own, with replicated params and no
-      communication (``jax.shard_map``); the draws are those of one device. Other axes replicate.
+      communication (``jax.shard_map``); the draws are those of one device (given JAX's
+      default ``jax_threefry_partitionable=True``; without it they are as random but differ).
+      Other axes replicate. Params must be replicated on the mesh or uncommitted (not placed on
+      devices outside it).
     kv_bucket: smallest live-length bucket (cache positions attended to); buckets double from
       it up to ``cache_len``.
 
@@ -311,12 +315,15 @@ class SAOEngine(engine_api.Engine):
     self._mesh = mesh or jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     self._dp = int(dict(self._mesh.shape).get("data", 1))  # devices the slots are split over
     if max_concurrent_decodes % self._dp:
-      raise ValueError(f"rollout.slots={max_concurrent_decodes} must be a multiple of the engine "
-                       f"mesh's data axis ({self._dp} devices): each device holds as many slots")
+      raise ValueError(f"rollout.slots (max_concurrent_decodes)={max_concurrent_decodes} must be "
+                       f"a multiple of the engine mesh's data axis ({self._dp} devices): each "
+                       f"device holds as many slots")
     self._base_key = jax.random.key(seed)
     self._counter = itertools.count()
     self._lock = threading.Lock()
-    split, rep = PartitionSpec("data"), PartitionSpec()
+    # per-slot arrays along the data axis; a mesh without one replicates them (as params)
+    split = PartitionSpec("data" if "data" in self._mesh.axis_names else None)
+    rep = PartitionSpec()
     state_spec = DecodeState(cache=[(split, split)] * model_config.n_layers, lengths=split,
                              tokens=split, logprobs=split, rng=rep)
     self._state_sharding = jax.tree.map(lambda p: NamedSharding(self._mesh, p), state_spec,
@@ -382,8 +389,8 @@ class SAOEngine(engine_api.Engine):
   def _uniforms(self, key, n: int, rows=None):
     """Two uniforms per row: those of rows ``rows`` (int32 [n]; default this device's slots)
     out of ``uniform(key, [n * devices, 2])``, so a row's draw is the same whether the slots are
-    split over devices or not (threefry is partitionable: a prefix of a larger draw is the
-    smaller draw)."""
+    split over devices or not. That needs ``jax_threefry_partitionable`` (JAX's default), under
+    which a prefix of a larger draw is the smaller draw."""
     u = jax.random.uniform(key, (n * self._dp, 2), jnp.float32)
     if rows is not None:
       return u[rows]
