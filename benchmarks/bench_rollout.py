@@ -32,13 +32,10 @@ import os
 import tempfile
 import time
 
-# one XLA:CPU device per core, so an engine can split its slots over them (set before JAX starts)
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             f" --xla_force_host_platform_device_count={os.cpu_count()}").strip()
-
 import common  # pylint: disable=import-error
-import jax
+
+common.one_xla_device_per_core()  # before JAX starts
+import jax  # pylint: disable=wrong-import-position
 import numpy as np
 
 from configs import arith_tool

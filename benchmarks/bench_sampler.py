@@ -36,16 +36,12 @@ interleaved in one process; medians.
 
 from __future__ import annotations
 
-import os
 import tempfile
 
-# one XLA:CPU device per core, so an engine can split its slots over them (set before JAX starts)
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             f" --xla_force_host_platform_device_count={os.cpu_count()}").strip()
-
 import common  # pylint: disable=import-error
-import jax
+
+common.one_xla_device_per_core()  # before JAX starts
+import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx

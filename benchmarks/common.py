@@ -22,6 +22,16 @@ if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
 
+def one_xla_device_per_core() -> None:
+  """Adds ``--xla_force_host_platform_device_count=<cores>`` to ``XLA_FLAGS`` unless it names a
+  count already, so an engine can split its slots over the host's cores (``SAOEngine(mesh=)``).
+  Call before JAX starts (before its first import in the process)."""
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" not in flags:
+    count = f"--xla_force_host_platform_device_count={os.cpu_count()}"
+    os.environ["XLA_FLAGS"] = f"{flags} {count}".strip()
+
+
 def block(x):
   """Waits for JAX arrays in ``x`` (any pytree); torch / NumPy results pass through."""
   try:

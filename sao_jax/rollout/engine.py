@@ -33,15 +33,16 @@ Slots split over devices: on a mesh whose ``data`` axis has n > 1 devices (``SAO
 device d holds slots ``d * S/n .. (d + 1) * S/n - 1`` of the decode state (``P("data")``), the
 params are replicated, and ``generate``, ``generate_steps``, ``prefill_insert`` and ``insert`` run
 per device under ``jax.shard_map`` with no communication (plain ``jit`` on that state put an
-all-gather into every cache write); ``slot_prefix`` reads a slot out with one ``psum``. A row's uniforms are its slice of one draw for all rows, so the tokens are
-those of one device (``tests/test_engine_data_parallel.py``). On a CPU host this is how the engine
-uses several cores: XLA:CPU spreads one small decode step poorly over two threads (a [32, 256] x
-[256, 768] dot is no faster on two cores than on one), while two host devices
+all-gather into every cache write); ``slot_prefix`` reads a slot out with one ``psum``. A row's
+uniforms are its slice of one draw for all rows, so the tokens are those of one device
+(``tests/test_engine_data_parallel.py``). On a CPU host this is how the engine uses several
+cores: XLA:CPU spreads one small decode step poorly over two threads (a [32, 256] x [256, 768]
+dot is no faster on two cores than on one), while two host devices
 (``--xla_force_host_platform_device_count=2``: two XLA devices, whose programs can run at the same
 time) each decoding half the slots overlap: 0.95-1.25 / 1.18-1.50 / 1.40-1.61x tokens/s at 8 /
-32 / 128 slots on 2 cores over six runs. A multi-turn
-rollout of one-row prefills is slower split (each call runs on every device): 0.64 vs 0.49 s on
-``configs/arith_tool.py`` (``benchmarks/RESULTS.md`` section 2, "2026-12-02, later").
+32 / 128 slots on 2 cores over six runs. A multi-turn rollout of one-row prefills is slower split
+(each call runs on every device): 0.64 vs 0.49 s on ``configs/arith_tool.py``
+(``benchmarks/RESULTS.md`` section 2, "2026-12-02, later").
 
 KV-cache layout: per layer ``k [slots, n_kv_heads, head_dim, cache_len]`` (keys transposed) and
 ``v [slots, n_kv_heads, cache_len, head_dim]`` (``transformer.init_cache``);
@@ -614,7 +615,7 @@ class SAOEngine(engine_api.Engine):
     lengths = np.ones((n_rows,), np.int32)
     first = np.zeros((n_rows,), np.int32)
     idx = np.full((n_rows,), local, np.int32)  # out of the device's range: dropped by the scatter
-    draws = np.arange(n_rows, dtype=np.int32) if self._dp == 1 else np.zeros((n_rows,), np.int32)
+    draws = np.zeros((n_rows,), np.int32)  # padding rows' draws are never returned
     at, used = [], [0] * self._dp
     for r, (slot, p, s, d) in enumerate(zip(slots, prompts, starts, shard_of)):
       i = d * rows + used[d]

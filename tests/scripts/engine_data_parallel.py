@@ -1,7 +1,7 @@
 """Run with 2 forced CPU devices (``tests/test_engine_data_parallel.py``): ``SAOEngine`` on a
 2-device mesh (slots split over the ``data`` axis; Auto and Explicit axis types) against the
-same engine on one device, call for call, and a multi-turn ``RolloutWorker`` on each. Prints one JSON line of what it measured;
-the test asserts on it."""
+same engine on one device, call for call, and a multi-turn ``RolloutWorker`` on each. Prints one
+JSON line of what it measured; the test asserts on it."""
 
 import json
 import re
@@ -53,7 +53,8 @@ def calls(engine, params):
 
 def rollout(engine, params):
   trajs = []
-  worker = RolloutWorker(engine, EchoEnv(), iter([P(str(i), [10 + i, 11, 12 + i]) for i in range(12)]),
+  problems = [P(str(i), [10 + i, 11, 12 + i]) for i in range(12)]
+  worker = RolloutWorker(engine, EchoEnv(), iter(problems),
                          lambda t: trajs.append(t) or True, WeightStore(params),
                          stop_ids=Tok.stop_ids, max_new_tokens=6, max_seq_len=CFG.max_seq_len,
                          seed=1, decode_steps=4)
@@ -102,8 +103,8 @@ def main():
       "cache_spec": str(st2.cache[0][0].sharding.spec),
       "cache_devices": sorted(d.id for d in st2.cache[0][0].sharding.device_set),
       "collectives": collectives,
-      "max_cache_diff": max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
-                            for a, b in zip(jax.tree.leaves(st1.cache), jax.tree.leaves(st2.cache))),
+      "max_cache_diff": max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in
+                            zip(jax.tree.leaves(st1.cache), jax.tree.leaves(st2.cache))),
       "no_data_axis_tokens_equal": all(bool(np.array_equal(a[0], b[0]))
                                        for a, b in zip(one, no_data_axis)),
       "distinct_decoded_tokens": len(set(np.concatenate([one[1][0].ravel(),
