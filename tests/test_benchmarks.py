@@ -49,6 +49,64 @@ def test_train_step_quick(tmp_path):
   assert {r["step"] for r in rec["rows"]} == {"policy", "critic"}
   assert rec["tiny/jit_cache_size_policy"] == 1 and rec["tiny/jit_cache_size_critic"] == 1
   assert all(0 < r["ours MFU"] and 0 < r["torch MFU"] for r in rec["rows"])
+  # same weights, batch and value head: the peers' first-step losses are ours (ratios all 1, in
+  # the band); Tunix (measured only where it imports) halves the value loss
+  loss = rec["first_step_losses"]["tiny"]
+  assert loss["torch policy"] == pytest.approx(loss["ours policy"], rel=1e-4)
+  assert loss["torch critic"] == pytest.approx(loss["ours critic"], rel=1e-4)
+  if "tunix policy" in loss:
+    assert loss["tunix policy"] == pytest.approx(loss["ours policy"], rel=1e-4)
+    assert 2 * loss["tunix critic"] == pytest.approx(loss["ours critic"], rel=1e-4)
+    assert rec["tiny/tunix_jit_cache_size_policy"] == rec["tiny/tunix_jit_cache_size_critic"] == 1
+
+
+def test_train_step_tunix_peer_tracks_ours():
+  """Tunix's PPO steps (the JAX peer of bench_train_step.py) and ours take the same steps: three
+  policy and critic updates give the same losses (PPO clip = DIS while the ratios stay in the
+  band; Tunix's value loss is half ours), so its optimizer, critic and frozen attention match.
+  Skipped where tunix does not import (it is installed beside the venv, see the script)."""
+  pytest.importorskip("tunix.rl.algo_core")
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+  import bench_train_step as bts  # pylint: disable=import-error,import-outside-toplevel
+  import common  # pylint: disable=import-error,import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from sao_jax.models import hf  # pylint: disable=import-outside-toplevel
+  from sao_jax.models.transformer import (  # pylint: disable=import-outside-toplevel
+      Critic, Transformer, default_positions)
+  from sao_jax.train import steps  # pylint: disable=import-outside-toplevel
+  from sao_jax.train.batch import Batch  # pylint: disable=import-outside-toplevel
+  cfg = bts.CONFIGS["tiny"]
+  model = Transformer(cfg, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  params = nnx.to_pure_dict(params)
+  c_graphdef, c_params = nnx.split(Critic(cfg, rngs=nnx.Rngs(1)))
+  c_params = nnx.to_pure_dict(c_params)
+  nb = bts.make_batch(cfg, 2, 32)
+  tok = jnp.asarray(nb["tokens"])
+  nb["rollout_logprobs"] = np.asarray(steps.token_logprobs(model(tok, default_positions(tok))[0],
+                                                           tok))
+  kernel = (0.02 * np.random.default_rng(1).standard_normal((cfg.d_model, 1))).astype(np.float32)
+  c_params["value_head"]["kernel"] = jnp.asarray(kernel)
+  c_params["backbone"] = jax.tree.map(jnp.copy, params)
+  with tempfile.TemporaryDirectory() as d:
+    hf.save_hf_checkpoint(d, cfg, params)
+    t_policy, t_critic = bts.tunix_steps(d, cfg, nb, kernel)
+  learner, p_step, c_step = common.learner_steps(graphdef, params, c_graphdef, c_params, bts.LR)
+  p_state, c_state = learner.policy, learner.critic
+  batch = Batch.of(nb["tokens"], nb["action_mask"], rollout_logprobs=nb["rollout_logprobs"])
+  targets = {"returns": jnp.asarray(nb["returns"]), "values": jnp.asarray(nb["values"])}
+  ours, theirs = [], []
+  for _ in range(3):
+    p_state, pm = p_step(p_state, batch, jnp.asarray(nb["advantages"]), None)
+    c_state, cm = c_step(c_state, batch, targets)
+    ours.append([float(pm["policy_loss"]), float(cm["value_loss"]) / 2])
+    theirs.append([float(t_policy()), float(t_critic())])
+  assert len({round(x, 3) for x, _ in ours}) == 3  # the policy moves: not a fixed point
+  np.testing.assert_allclose(theirs, ours, rtol=1e-4, atol=1e-6)
 
 
 def test_sampler_quick(tmp_path):
