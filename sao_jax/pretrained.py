@@ -39,12 +39,13 @@ def load_tokenizer(config):
 
 def model_config(config, vocab_size: int):
   """The ``ModelConfig`` of a randomly initialised policy from ``config.model`` (the shapes a
-  checkpoint does not give)."""
+  checkpoint does not give; parameters built in ``model.param_dtype``, computed in
+  ``model.dtype``)."""
   m = config.model
   return ModelConfig(vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers,
                      n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, head_dim=m.head_dim,
                      d_ff=m.d_ff, rope_theta=m.rope_theta, max_seq_len=m.max_seq_len,
-                     dtype=m.dtype)
+                     dtype=m.dtype, param_dtype=m.get("param_dtype", "float32"))
 
 
 def load_model(config) -> Optional[tuple]:
