@@ -159,8 +159,9 @@ class Learner:
   The params are copied onto the mesh (the caller's arrays stay valid; the learner's own states
   are donated to its steps) as float32 master weights whatever their dtype (bf16 / f16 are
   upcast; ``optim.master_copy``), with float32 Adam moments: the model computes in its
-  ``ModelConfig.dtype`` and ``policy_params`` publishes ``cfg.serving_dtype``. Raises ValueError on a bad config (as ``LearnerConfig``) or a
-  freeze pattern that matches no critic parameter.
+  ``ModelConfig.dtype`` and ``policy_params`` publishes ``cfg.serving_dtype``. Raises
+  ValueError on a bad config (as ``LearnerConfig``) or a freeze pattern that matches no critic
+  parameter.
   """
 
   def __init__(self, cfg: LearnerConfig, policy_graphdef, policy_params, critic_graphdef=None,
