@@ -37,8 +37,10 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
 
   c.allow_random_init = False         # refuse to start RL from a random model
   c.model.checkpoint_dir = ""         # REQUIRED: HF checkpoint folder or sao_jax orbax checkpoint
-  c.model.param_dtype = "bfloat16"    # HF checkpoints load in bf16 (paper scale)
-  c.model.dtype = "bfloat16"
+  c.model.param_dtype = "bfloat16"    # stored / served dtype (checkpoint load, the engine's
+                                      # weights); the learner trains float32 master params with
+                                      # float32 Adam moments whatever it is
+  c.model.dtype = "bfloat16"          # compute dtype of the forward / backward passes
   c.model.max_seq_len = 4096          # prompt (character tokens) + response
   c.sft.steps = 0                     # no warm-up: the checkpoint is the starting policy
 

@@ -33,7 +33,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
                                   # Hugging Face folder (config.json + safetensors + tokenizer.json;
                                   # its shapes and tokenizer then replace the fields below)
   c.model.gguf = ""               # llama.cpp GGUF file to start from ("smollm2" = packaged SmolLM2)
-  c.model.param_dtype = "float32" # parameter dtype when loading a checkpoint
+  c.model.param_dtype = "float32" # stored / served parameter dtype (checkpoint load, random
+                                  # init, published weights); the learner trains a float32 master
   c.model.d_model = 128           # residual width
   c.model.n_layers = 2            # transformer blocks
   c.model.n_heads = 4             # query heads

@@ -13,8 +13,10 @@ from typing import Optional
 
 from sao_jax.models.transformer import ModelConfig
 from sao_jax.data.hf_tokenizer import HFTokenizer
+from sao_jax.models import gguf_loader, hf
 from sao_jax.models.gguf_loader import load_gguf
 from sao_jax.models.hf import load_hf_checkpoint
+from sao_jax.train import sharding
 
 
 def source(config) -> str:
@@ -39,22 +41,40 @@ def load_tokenizer(config):
 
 def model_config(config, vocab_size: int):
   """The ``ModelConfig`` of a randomly initialised policy from ``config.model`` (the shapes a
-  checkpoint does not give)."""
+  checkpoint does not give; parameters built in ``model.param_dtype``, computed in
+  ``model.dtype``)."""
   m = config.model
   return ModelConfig(vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers,
                      n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, head_dim=m.head_dim,
                      d_ff=m.d_ff, rope_theta=m.rope_theta, max_seq_len=m.max_seq_len,
-                     dtype=m.dtype)
+                     dtype=m.dtype, param_dtype=m.get("param_dtype", "float32"))
 
 
-def load_model(config) -> Optional[tuple]:
+def load_model(config, mesh=None) -> Optional[tuple]:
   """``(ModelConfig, params)`` for "hf"/"gguf" sources (shapes from the checkpoint, length and
-  dtypes from ``config.model``), else None."""
+  dtypes from ``config.model``), else None.
+
+  ``mesh``: a ``jax.sharding.Mesh`` (the learner's, ``train.setup.make_mesh``) to load into:
+  every parameter is placed tensor by tensor straight into its sharding there
+  (``train.sharding.param_shardings``), each device receiving only its slices, so no device
+  holds more than its share of the model. None: one device (the default device)."""
   kind = source(config)
   kw = dict(max_seq_len=config.model.max_seq_len, dtype=config.model.dtype,
             param_dtype=config.model.get("param_dtype", "float32"))
+  shardings = None
   if kind == "gguf":
-    return load_gguf(config.model.gguf, **kw)
+    if mesh is not None:
+      reader = gguf_loader.GGUFReader(gguf_loader.resolve_gguf_path(config.model.gguf))
+      shardings = _param_shardings(gguf_loader.config_from_gguf(reader, **kw), mesh)
+    return load_gguf(config.model.gguf, shardings=shardings, **kw)
   if kind == "hf":
-    return load_hf_checkpoint(config.model.checkpoint_dir, **kw)
+    path = config.model.checkpoint_dir
+    if mesh is not None:
+      shardings = _param_shardings(hf.config_from_hf(hf.read_hf_config(path), **kw), mesh)
+    return load_hf_checkpoint(path, shardings=shardings, **kw)
   return None
+
+
+def _param_shardings(cfg: ModelConfig, mesh):
+  """The learner's ``NamedSharding`` of every parameter of ``cfg`` on ``mesh``."""
+  return sharding.param_shardings(hf.param_shapes(cfg), mesh)

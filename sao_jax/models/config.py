@@ -34,7 +34,8 @@ class ModelConfig:
     qk_norm: RMSNorm on queries and keys per head (Qwen3); False gives the Llama layout.
     max_seq_len: longest sequence (prompt + response) the model is used with.
     dtype: activation/compute dtype name ("float32" or "bfloat16").
-    param_dtype: parameter storage dtype name ("float32" or "bfloat16").
+    param_dtype: parameter storage dtype name ("float32" or "bfloat16"): what is built, loaded
+      and served; the learner trains a float32 master copy (``train.optim.master_copy``).
     arch: Hugging Face ``model_type`` this config mirrors: "qwen3", "qwen3_moe" or "llama".
     attention_bias: biases on the q/k/v projections (and o when ``o_bias``).
     rope_scaling: None or a tuple of ``(key, value)`` pairs of the checkpoint's ``rope_scaling``

@@ -2,11 +2,13 @@
 
 A checkpoint folder holds ``config.json`` and either ``model.safetensors`` or shards
 ``model-XXXXX-of-YYYYY.safetensors`` with ``model.safetensors.index.json`` (the layout
-``transformers``' ``save_pretrained`` writes). Loading is lazy: one shard is open (memory-mapped)
-at a time and one tensor is read from it at a time, transposed into our ``[in, out]`` layout,
-cast to ``ModelConfig.param_dtype`` and placed on its device (with the caller's sharding) before
-the next is read. MoE expert tensors (``mlp.experts.{e}.{gate,up,down}_proj.weight``) are stacked
-into one ``[n_experts, ...]`` buffer per layer and projection.
+``transformers``' ``save_pretrained`` writes). Loading is lazy: one tensor is read at a time from
+its (memory-mapped) shard, transposed into our ``[in, out]`` layout, cast to
+``ModelConfig.param_dtype`` and placed before the next is read. With target shardings (the
+learner's mesh) each device receives only its slice (``jax.make_array_from_callback``), so no
+device ever holds more than its shards. MoE expert tensors
+(``mlp.experts.{e}.{gate,up,down}_proj.weight``) are read one projection of one layer at a time
+and stacked into one ``[n_experts, ...]`` host buffer before it is placed.
 
 Name mapping (HF -> ours; ``W.T`` means the torch ``[out, in]`` weight is transposed):
 
@@ -231,7 +233,9 @@ def params_from_tensors(cfg: ModelConfig, tensors: Iterable[tuple[str, Any]], *,
     available: all tensor names the source holds (checked before anything is read, so a missing
       tensor fails fast); default: checked after the stream is consumed.
     shardings: None (default device), a pytree like the params of ``jax.sharding.Sharding``, or
-      a callable ``path_str -> Sharding``.
+      a callable ``path_str -> Sharding``. With a sharding each device receives only its slice
+      of each tensor (``jax.make_array_from_callback``; the host holds the tensor being placed
+      -- one stacked expert tensor for MoE experts -- and one device's slice of it).
     source: what to call the source in error messages.
   Returns: pure dict of ``jax.Array`` in ``cfg.param_dtype``.
   Raises ValueError naming the missing / unexpected tensor or the mismatched shape.
@@ -258,10 +262,20 @@ def params_from_tensors(cfg: ModelConfig, tensors: Iterable[tuple[str, Any]], *,
       return shardings(path_str(path))
     return _get(shardings, path)
 
-  def place(path, arr):
-    # ``arr`` is 64-byte aligned, so on CPU device_put aliases it instead of copying
+  def host_copy(src):
+    # transpose + cast into a 64-byte aligned buffer: on CPU, device_put then aliases it
+    dest = _aligned_empty(src.shape, pdt)
+    np.copyto(dest, src, casting="unsafe")
+    return dest
+
+  def place(path, src, owned=False):
+    """``src`` (host, our layout, any dtype; ``owned``: an aligned ``pdt`` buffer of ours) -> a
+    jax.Array in ``pdt``: with a sharding, each device gets a copy of only its slice; else one
+    copy on the default device."""
     s = sharding_for(path)
-    return jax.device_put(arr, s) if s is not None else jax.device_put(arr)
+    if s is None:
+      return jax.device_put(src if owned else host_copy(src))
+    return jax.make_array_from_callback(src.shape, s, lambda index: host_copy(src[index]))
 
   out: dict = {}
   pending: dict[tuple, list] = {}  # stacked expert buffers: path -> [buffer, n_filled]
@@ -284,10 +298,7 @@ def params_from_tensors(cfg: ModelConfig, tensors: Iterable[tuple[str, Any]], *,
     if t.transpose:
       a = a.T
     if t.expert is None:
-      dest = _aligned_empty(full, pdt)
-      np.copyto(dest, a, casting="unsafe")  # the one host copy: transpose + cast
-      _set(out, t.path, place(t.path, dest))
-      del dest
+      _set(out, t.path, place(t.path, a))
     else:
       buf = pending.get(t.path)
       if buf is None:
@@ -295,7 +306,7 @@ def params_from_tensors(cfg: ModelConfig, tensors: Iterable[tuple[str, Any]], *,
       np.copyto(buf[0][t.expert], a, casting="unsafe")
       buf[1] += 1
       if buf[1] == cfg.n_experts:
-        _set(out, t.path, place(t.path, buf[0]))
+        _set(out, t.path, place(t.path, buf[0], owned=True))
         del pending[t.path]
     seen.add(name)
     del a, arr
@@ -339,11 +350,42 @@ def read_hf_config(path: str) -> dict:
     return json.load(f)
 
 
-def _stream(files: list[str]) -> Iterator[tuple[str, np.ndarray]]:
+def _stream(files: list[str], order: Iterable[str] = ()) -> Iterator[tuple[str, np.ndarray]]:
+  """(name, tensor) of every tensor of ``files``: names the files hold but ``order`` does not
+  first (an unexpected tensor fails before anything is placed), then ``order``'s. A shard is
+  opened (memory-mapped) when first needed and closed once its last tensor is read."""
+  where: dict[str, str] = {}
+  left: dict[str, int] = {}
   for fn in files:
     with safe_open(fn, framework="numpy") as f:
-      for name in f.keys():
-        yield name, f.get_tensor(name)
+      keys = list(f.keys())
+    where.update((k, fn) for k in keys)
+    left[fn] = len(keys)
+  order = [n for n in order if n in where]
+  wanted = set(order)
+  handles: dict[str, Any] = {}
+  try:
+    for name in [n for n in where if n not in wanted] + order:
+      fn = where[name]
+      if fn not in handles:
+        handles[fn] = safe_open(fn, framework="numpy")
+      arr = handles[fn].get_tensor(name)
+      left[fn] -= 1
+      if not left[fn]:
+        del handles[fn]
+      yield name, arr
+      del arr
+  finally:
+    handles.clear()
+
+
+def _grouped_names(cfg: ModelConfig) -> list[str]:
+  """The HF tensor names of ``cfg`` with the experts of one (layer, projection) together, so
+  one stacked expert buffer is filled at a time."""
+  groups: dict[tuple, list[str]] = {}
+  for name, t in hf_name_map(cfg).items():
+    groups.setdefault(t.path, []).append(name)
+  return [n for names in groups.values() for n in names]
 
 
 def load_hf_checkpoint(path: str, *, max_seq_len: Optional[int] = None, dtype: str = "float32",
@@ -351,8 +393,12 @@ def load_hf_checkpoint(path: str, *, max_seq_len: Optional[int] = None, dtype: s
                        ) -> tuple[ModelConfig, dict]:
   """Loads ``(ModelConfig, params)`` from a Hugging Face checkpoint folder, lazily.
 
-  Peak host memory is about one shard (memory-mapped, read tensor by tensor) plus the params
-  (see ``benchmarks/load_memory.py``). ``shardings``: as in ``params_from_tensors``.
+  Tensors are read one at a time (MoE experts one stacked projection at a time); a shard stays
+  memory-mapped until its last tensor is read. Peak host memory is about one shard plus the
+  params when they land on a CPU device (see ``benchmarks/load_memory.py``). ``shardings``: as
+  in ``params_from_tensors`` (e.g. ``sao_jax.train.sharding.param_shardings(param_shapes(cfg),
+  mesh)``: each device then receives only its slices, as ``sao_jax.pretrained.load_model``
+  does for the learner's mesh).
   Raises FileNotFoundError (folder / config / shard missing), ValueError (unsupported
   architecture, missing or unexpected tensor, shape mismatch: each names the tensor).
   """
@@ -363,8 +409,8 @@ def load_hf_checkpoint(path: str, *, max_seq_len: Optional[int] = None, dtype: s
   for fn in files:
     with safe_open(fn, framework="numpy") as f:
       available.extend(f.keys())
-  params = params_from_tensors(cfg, _stream(files), available=available, shardings=shardings,
-                               source=f"checkpoint {path!r}")
+  params = params_from_tensors(cfg, _stream(files, _grouped_names(cfg)), available=available,
+                               shardings=shardings, source=f"checkpoint {path!r}")
   return cfg, params
 
 

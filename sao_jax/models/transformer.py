@@ -365,12 +365,12 @@ class Transformer(nnx.Module):
     return h, new_cache
 
   def logits_from_hidden(self, h):
-    """[B, T, D] -> float32 logits [B, T, V] (tied: ``h @ embedding.T`` in float32); float64
-    logits for a float64 model."""
-    acc = _acc_dtype(h)
-    if self.cfg.tie_embeddings:
-      return h.astype(acc) @ self.embed.embedding[...].astype(acc).T
-    return self.lm_head(h).astype(acc)
+    """[B, T, D] -> float32 logits [B, T, V] (tied: ``h @ embedding.T``): operands in the
+    compute dtype, products accumulated and returned in float32 (float64 for a float64
+    model), never rounded to bf16."""
+    acc, dt = _acc_dtype(h), self.cfg.compute_dtype
+    w = (self.embed.embedding[...].T if self.cfg.tie_embeddings else self.lm_head.kernel[...])
+    return jnp.matmul(h.astype(dt), w.astype(dt), preferred_element_type=acc)
 
   def __call__(self, tokens, positions, cache: Optional[KVCache] = None, *, attention_mask=None,
                kv_len: Optional[int] = None, cache_rows: Optional[jax.Array] = None):

@@ -74,11 +74,13 @@ class LearnerConfig:
   temperature: float
   batch_length: int
   tokens_per_device: int
+  serving_dtype: str = "float32"
 
   @classmethod
   def from_config(cls, config, **overrides) -> "LearnerConfig":
     """From a full config (``config.train``, ``config.rollout.temperature``,
-    ``config.model.max_seq_len``, ``config.mesh.tokens_per_device``); ``overrides`` replace
+    ``config.model.max_seq_len``, ``config.mesh.tokens_per_device``, ``config.model.param_dtype``
+    as ``serving_dtype``: the dtype ``policy_params`` publishes); ``overrides`` replace
     fields of ``config.train`` by name. Raises ValueError (naming the field) on a bad mode,
     objective or estimator."""
     t = dict(config.train.to_dict() if hasattr(config.train, "to_dict") else config.train)
@@ -110,7 +112,8 @@ class LearnerConfig:
         value_bounds=tuple(float(v) for v in t["value_bounds"]),
         center_advantages=t["center_advantages"], temperature=config.rollout.temperature,
         batch_length=config.model.max_seq_len,
-        tokens_per_device=int(config.mesh.tokens_per_device))
+        tokens_per_device=int(config.mesh.tokens_per_device),
+        serving_dtype=config.model.get("param_dtype", "float32"))
 
   @property
   def band(self) -> tuple[float, float]:
@@ -129,12 +132,17 @@ def one_device_mesh():
 
 
 def _put(tree, shardings):
-  """Host pytree (the same values on every process) -> new global arrays with ``shardings``.
-  Always a copy: the learner owns (and donates) what it holds, never the caller's arrays."""
-  return jax.tree.map(
-      lambda x, s: jax.make_array_from_callback(np.shape(x), s,
-                                                lambda i, x=x: np.asarray(x)[i]),
-      tree, shardings)
+  """Pytree -> new global arrays with ``shardings``. Always a copy: the learner owns (and
+  donates) what it holds, never the caller's arrays. A jax Array is copied device to device
+  (each device receives its shard; one already laid out as ``shardings``, e.g. loaded straight
+  into the learner's mesh, is copied in place, never through one device or the host); host
+  arrays (the same values on every process), and on several processes arrays local to one,
+  are sliced per device from the host."""
+  def put(x, s):
+    if isinstance(x, jax.Array) and (jax.process_count() == 1 or not x.is_fully_addressable):
+      return jax.device_put(x, s, may_alias=False)
+    return jax.make_array_from_callback(np.shape(x), s, lambda i, x=x: np.asarray(x)[i])
+  return jax.tree.map(put, tree, shardings)
 
 
 class Learner:
@@ -149,8 +157,11 @@ class Learner:
     mesh: a ``jax.sharding.Mesh`` (``sharding.make_mesh``); None = one device.
 
   The params are copied onto the mesh (the caller's arrays stay valid; the learner's own states
-  are donated to its steps). Raises ValueError on a bad config (as ``LearnerConfig``) or a
-  freeze pattern that matches no critic parameter.
+  are donated to its steps) as float32 master weights whatever their dtype (bf16 / f16 are
+  upcast; ``optim.master_copy``), with float32 Adam moments: the model computes in its
+  ``ModelConfig.dtype`` and ``policy_params`` publishes ``cfg.serving_dtype``. Raises
+  ValueError on a bad config (as ``LearnerConfig``) or a freeze pattern that matches no critic
+  parameter.
   """
 
   def __init__(self, cfg: LearnerConfig, policy_graphdef, policy_params, critic_graphdef=None,
@@ -189,8 +200,8 @@ class Learner:
 
   @staticmethod
   def _init_state(params, tx, sh):
-    create = jax.jit(lambda p: steps.TrainState.create(p, tx), in_shardings=(sh.params,),
-                     out_shardings=sh.state)
+    create = jax.jit(lambda p: steps.TrainState.create(optim.master_copy(p), tx),
+                     in_shardings=(sh.params,), out_shardings=sh.state)
     return create(_put(params, sh.params))
 
   def _constrain(self, x, kind):
@@ -332,9 +343,10 @@ class Learner:
 
   # ---- weights and checkpoints ---------------------------------------------------------------
   def policy_params(self):
-    """A full copy of the policy params on this process's first device (for the rollout engine
-    and evaluation), gathered from every device's and process's shards."""
-    params = self.policy.params
+    """A full copy of the policy params in ``cfg.serving_dtype`` (``model.param_dtype``) on this
+    process's first device (for the rollout engine and evaluation), gathered from every
+    device's and process's shards. The float32 master is cast on the mesh, before the gather."""
+    params = _cast_floating(self.policy.params, jnp.dtype(self.cfg.serving_dtype))
     if jax.process_count() > 1:
       params = multihost_utils.process_allgather(params, tiled=True)
     return jax.device_put(params, jax.local_devices()[0], may_alias=False)  # a copy: steps donate
@@ -366,6 +378,12 @@ class Learner:
         if f is not None:
           out[n] = out.get(n, 0) + f._cache_size()  # pylint: disable=protected-access
     return out
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _cast_floating(tree, dtype):
+  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                      tree)
 
 
 def _to_host(metrics: dict, uses_critic: bool) -> dict:

@@ -52,13 +52,15 @@ def run(config) -> dict[str, Any]:
   run_dir, tcfg = config.run_dir, config.train
   resume_step, ckpt_dir = resume_lib.prepare_run_dir(config)
   task = tasks.make_task(config)
-  policy = setup.build_policy(config, task, warm_start=resume_step is None)
+  mesh = setup.make_mesh(config)  # the learner's; a checkpoint loads straight into it
+  policy = setup.build_policy(config, task, warm_start=resume_step is None, mesh=mesh)
   print(f"task {config.task.name}: {len(task.train_problems)} train / {len(task.eval_problems)} "
         f"eval problems; model {policy.mcfg}", flush=True)
   if resume_step is None:
     print(f"policy loaded from {policy.source}" if policy.loaded else f"policy: {policy.source}",
           flush=True)
-  learner = setup.make_learner(config, policy, task.tokenizer.pad_id)
+  learner = setup.make_learner(config, policy, task.tokenizer.pad_id, mesh=mesh)
+  policy.params = None  # the learner holds its own (float32 master) copy
   eval_engine = setup.make_engine(config, policy, task.tokenizer, slots=config.eval.slots,
                                   temperature=0.0)
   evaluate = lambda params, problems, version: setup.evaluate(eval_engine, task, params,

@@ -11,6 +11,30 @@ import optax
 from sao_jax.models.partition import param_path  # noqa: F401  (re-exported)
 
 
+def master_dtype(dtype) -> jax.numpy.dtype:
+  """The dtype an optimizer keeps a parameter of ``dtype`` in: floating types narrower than
+  float32 (bfloat16, float16) -> float32; float32 / float64 and non-floating types unchanged."""
+  dtype = jax.numpy.dtype(dtype)
+  if jax.numpy.issubdtype(dtype, jax.numpy.floating):
+    return jax.numpy.promote_types(dtype, jax.numpy.float32)
+  return dtype
+
+
+def master_copy(params: Any) -> Any:
+  """``params`` with every leaf in ``master_dtype`` (float32 master weights for bf16 storage).
+
+  An Adam step at lr 1e-6 is far below half a bf16 ulp of a typical weight (~4e-5 at
+  |w| = 0.01), so a bf16 parameter updated in place does not move; the optimizer updates this
+  copy, and its moments (``zeros_like``) are float32 too. Leaves already in their master dtype
+  are returned as they are (no copy). Works on arrays and on ``jax.ShapeDtypeStruct``s."""
+  def cast(x):
+    dt = master_dtype(x.dtype)
+    if dt == x.dtype:
+      return x
+    if isinstance(x, jax.ShapeDtypeStruct):
+      return jax.ShapeDtypeStruct(x.shape, dt, sharding=x.sharding)
+    return x.astype(dt)
+  return jax.tree.map(cast, params)
 
 
 def freeze_labels(params: Any, frozen_patterns: Sequence[str]) -> Any:

@@ -49,11 +49,13 @@ def sft_key(config, mcfg) -> str:
   return sft_lib.cache_key(sft, task, str(mcfg), config.seed)
 
 
-def build_policy(config, task, warm_start: bool = True) -> Policy:
+def build_policy(config, task, warm_start: bool = True, mesh=None) -> Policy:
   """The policy from ``model.checkpoint_dir`` / ``model.gguf`` (Hugging Face folder, GGUF, or a
   sao_jax run checkpoint), else a random init of ``config.model`` warm-started by SFT on the
-  task's demonstrations (``sft.*``; cached under ``sft.cache_dir``) when ``warm_start``."""
-  loaded = pretrained.load_model(config)  # HF checkpoint folder / GGUF, else None
+  task's demonstrations (``sft.*``; cached under ``sft.cache_dir``) when ``warm_start``.
+  ``mesh`` (the learner's, ``make_mesh``): a Hugging Face / GGUF checkpoint is loaded straight
+  into its shardings there (``pretrained.load_model``); None = one device."""
+  loaded = pretrained.load_model(config, mesh)  # HF checkpoint folder / GGUF, else None
   if loaded:
     mcfg, params = loaded
     graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))[0]
@@ -84,10 +86,18 @@ def build_policy(config, task, warm_start: bool = True) -> Policy:
 
 
 def critic_from_policy(mcfg: ModelConfig, policy_params, seed: int):
-  """A critic whose backbone starts as a copy of the policy and whose value head is zero."""
-  graphdef, params = nnx.split(Critic(mcfg, rngs=nnx.Rngs(seed)))
+  """A critic whose backbone starts as a copy of the policy and whose value head is zero.
+
+  The backbone is built in place: each policy array is copied with its own sharding (device to
+  device, no gather; host arrays stay on the host), and no critic backbone is initialised."""
+  del seed  # the only initialised part, the value head, is zeros
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: Critic(mcfg, rngs=nnx.Rngs(0))))
   params = nnx.to_pure_dict(params)
-  params["backbone"] = jax.tree.map(jnp.copy, policy_params)
+  params["value_head"] = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                      params["value_head"])
+  params["backbone"] = jax.tree.map(
+      lambda x: (jax.device_put(x, x.sharding, may_alias=False) if isinstance(x, jax.Array)
+                 else np.array(x)), policy_params)
   return graphdef, params
 
 
@@ -98,14 +108,16 @@ def make_mesh(config) -> Optional[jax.sharding.Mesh]:
   return sharding.make_mesh(shape) if shape else None
 
 
-def make_learner(config, policy: Policy, pad_id: int) -> Learner:
-  """The learner for ``config.train`` on ``make_mesh(config)``, with a critic initialised from
-  the policy when the estimator needs one."""
+def make_learner(config, policy: Policy, pad_id: int, mesh=None) -> Learner:
+  """The learner for ``config.train`` on ``mesh`` (default ``make_mesh(config)``), with a critic
+  initialised from the policy when the estimator needs one. Params already sharded on that mesh
+  (``build_policy(..., mesh=)``) are copied device to device, never through one device."""
   cfg = LearnerConfig.from_config(config)
   critic = (critic_from_policy(policy.mcfg, policy.params, config.seed + 1)
             if cfg.spec.uses_critic else (None, None))
   return Learner(cfg, policy.graphdef, policy.params, *critic, pad_id=pad_id,
-                 vocab_size=policy.mcfg.vocab_size, mesh=make_mesh(config))
+                 vocab_size=policy.mcfg.vocab_size,
+                 mesh=mesh if mesh is not None else make_mesh(config))
 
 
 def make_engine(config, policy: Policy, tokenizer, *, slots: int, temperature: float,

@@ -7,6 +7,7 @@ import json
 import os
 from typing import Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -35,10 +36,12 @@ def train_sft(graphdef, params, demos, *, pad_id: int, steps_: int, batch_size: 
   """Runs ``steps_`` Adam steps of masked next-token cross-entropy on ``demos``.
 
   ``on_step(i)`` (optional) is called after step i (1-based), e.g. to advance a progress bar.
-  Returns (params, last_loss)."""
+  Adam updates a float32 master copy of bf16 / f16 params (``optim.master_copy``; float32 moments)
+  and the result is cast back to each parameter's dtype. Returns (params, last_loss)."""
   data = pad_demos(demos, pad_id)
+  dtypes = jax.tree.map(lambda x: x.dtype, params)
   tx = optim.make_optimizer(params, lr=lr, warmup_steps=min(50, steps_ // 10))
-  state = steps.TrainState.create(params, tx)
+  state = steps.TrainState.create(optim.master_copy(params), tx)
   step_fn = steps.make_sft_step(graphdef, tx)
   rng = np.random.default_rng(seed)
   n = data["tokens"].shape[0]
@@ -51,7 +54,8 @@ def train_sft(graphdef, params, demos, *, pad_id: int, steps_: int, batch_size: 
     if log_every and (i + 1) % log_every == 0:
       loss = float(metrics["sft_loss"])
       log(f"sft step {i + 1}/{steps_}  loss {loss:.4f}")
-  return state.params, float(metrics["sft_loss"]) if steps_ else loss
+  out = jax.tree.map(lambda x, dt: x.astype(dt), state.params, dtypes)
+  return out, float(metrics["sft_loss"]) if steps_ else loss
 
 
 def cache_key(*parts) -> str:
