@@ -6,7 +6,9 @@ position embeddings (rotate-half layout, as Hugging Face) with the checkpoint's 
 scaling (``linear``, ``llama3``, ``yarn``); grouped-query attention with RMSNorm on q and k per
 head (off for the Llama layout), optional q/k/v biases; SwiGLU MLP, or a mixture of SwiGLU experts
 with top-k softmax routing (optionally renormalised over the top k, ``norm_topk_prob``) on the
-layers listed in ``ModelConfig.moe_layers``; tied or untied input/output embeddings.
+layers listed in ``ModelConfig.moe_layers``, only the routed experts computed (``moe_routed``;
+``ModelConfig.moe_impl="dense"`` computes all, the reference); tied or untied input/output
+embeddings.
 
 Both modules take explicit ``positions`` so the same code serves training (full sequences,
 causal mask), prefill (a chunk appended after an existing KV cache) and decoding (one token per
@@ -299,12 +301,17 @@ def moe_routed(x, router_logits, gate, up, down, top_k: int, normalize: bool) ->
   No token is dropped (no expert capacity), so the result equals ``moe_dense`` up to float
   rounding, for any N (training batches, prefill chunks, one-token decode steps).
 
-  Cost: ``ragged_dot`` lowers to a grouped matmul on TPU (``chlo.ragged_dot``) and GPU, about
-  ``2 * N * k * D * F`` FLOPs per projection. On CPU JAX lowers it to a masked dense product over
-  every group ([E, N * k, D] operand, ``E`` times those FLOPs, ``k`` times ``moe_dense``'s): the
-  same numbers, so tests run here, but ``ModelConfig.moe_impl="dense"`` is the cheaper choice on
-  CPU. With the experts sharded on a mesh axis, XLA's SPMD partitioner handles the
-  ``ragged_dot`` (no hand-written all-to-all here)."""
+  How XLA compiles it (``benchmarks/moe_flops.py`` prints the FLOPs; numbers in
+  ``benchmarks/RESULTS.md``): on TPU the forward and the input gradient are grouped matmuls
+  (``chlo.ragged_dot``, ``2 * N * k * D * F`` FLOPs per projection), but the weight gradient (a
+  ragged contracting dimension) is compiled as a masked dense product over all E groups, E times
+  that; on CPU JAX lowers every ``ragged_dot`` to a masked dense product over all groups (the
+  same numbers, ``k`` times ``moe_dense``'s FLOPs: ``ModelConfig.moe_impl="dense"`` is the cheaper
+  choice there). With the experts sharded on a mesh axis, XLA's SPMD partitioner all-gathers the
+  expert weights around each ``ragged_dot`` (correct, not expert-parallel); a grouped-matmul
+  kernel with its own weight gradient (Pallas megablox ``gmm``/``tgmm``) needs a ``shard_map``
+  over the expert axis, which this function does not do.
+  """
   *lead, d = x.shape
   e = gate.shape[0]
   xf = x.reshape(-1, d)
