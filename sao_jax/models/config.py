@@ -45,7 +45,11 @@ class ModelConfig:
     moe_d_ff: SwiGLU hidden width of one expert.
     moe_layers: indices of the layers whose MLP is a mixture of experts.
     norm_topk_prob: renormalise the top-k router probabilities to sum to 1 (Qwen3-MoE).
-    router_aux_loss_coef: weight of the router load-balancing loss (0 = not used).
+    router_aux_loss_coef: weight of the router load-balancing loss the policy and critic steps
+      add to their losses (0 = not added).
+    moe_impl: how MoE layers compute: "routed" (only each token's top-k experts, grouped
+      matmuls; see ``transformer.moe_routed``) or "dense" (every expert for every token, the
+      reference; cheaper on CPU, where ``jax.lax.ragged_dot`` has no grouped kernel).
   """
 
   vocab_size: int
@@ -72,6 +76,7 @@ class ModelConfig:
   moe_layers: tuple = ()
   norm_topk_prob: bool = True
   router_aux_loss_coef: float = 0.0
+  moe_impl: str = "routed"
 
   def __post_init__(self):
     if self.n_heads % self.n_kv_heads:
@@ -100,6 +105,8 @@ class ModelConfig:
       bad = [i for i in self.moe_layers if not 0 <= i < self.n_layers]
       if bad:
         raise ValueError(f"model.moe_layers has indices {bad} outside 0..{self.n_layers - 1}.")
+    if self.moe_impl not in ("routed", "dense"):
+      raise ValueError(f"model.moe_impl={self.moe_impl!r}; use 'routed' or 'dense'.")
     if self.rope_scaling is not None:
       rtype = self.rope_scaling_dict().get("rope_type", "default")
       if rtype not in ROPE_TYPES:

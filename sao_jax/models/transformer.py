@@ -6,7 +6,9 @@ position embeddings (rotate-half layout, as Hugging Face) with the checkpoint's 
 scaling (``linear``, ``llama3``, ``yarn``); grouped-query attention with RMSNorm on q and k per
 head (off for the Llama layout), optional q/k/v biases; SwiGLU MLP, or a mixture of SwiGLU experts
 with top-k softmax routing (optionally renormalised over the top k, ``norm_topk_prob``) on the
-layers listed in ``ModelConfig.moe_layers``; tied or untied input/output embeddings.
+layers listed in ``ModelConfig.moe_layers``, only the routed experts computed (``moe_routed``;
+``ModelConfig.moe_impl="dense"`` computes all, the reference); tied or untied input/output
+embeddings.
 
 Both modules take explicit ``positions`` so the same code serves training (full sequences,
 causal mask), prefill (a chunk appended after an existing KV cache) and decoding (one token per
@@ -254,17 +256,77 @@ class MLP(nnx.Module):
     return self.down_proj(h), None
 
 
-def route(router_logits: jax.Array, top_k: int, normalize: bool) -> jax.Array:
-  """Top-k softmax routing (Qwen3-MoE / Mixtral): dense combine weights [..., E] float32.
+def route_top_k(router_logits: jax.Array, top_k: int,
+                normalize: bool) -> tuple[jax.Array, jax.Array]:
+  """Top-k softmax routing (Qwen3-MoE / Mixtral): ``(weights [..., k] float32, experts [..., k]
+  int32)``, the k chosen experts of each token in decreasing probability.
 
-  ``p = softmax(router_logits)`` in float32; the k largest ``p`` are kept (renormalised to sum to 1
-  when ``normalize``, the checkpoint's ``norm_topk_prob``), every other expert gets weight 0."""
+  ``p = softmax(router_logits)`` in float32; the k largest ``p`` are kept, renormalised to sum to
+  1 when ``normalize`` (the checkpoint's ``norm_topk_prob``)."""
   probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
   top_p, top_i = jax.lax.top_k(probs, top_k)
   if normalize:
     top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
-  onehot = jax.nn.one_hot(top_i, probs.shape[-1], dtype=jnp.float32)  # [..., k, E]
+  return top_p, top_i
+
+
+def route(router_logits: jax.Array, top_k: int, normalize: bool) -> jax.Array:
+  """``route_top_k`` as dense combine weights [..., E] float32 (0 for every expert not chosen)."""
+  top_p, top_i = route_top_k(router_logits, top_k, normalize)
+  onehot = jax.nn.one_hot(top_i, router_logits.shape[-1], dtype=jnp.float32)  # [..., k, E]
   return jnp.einsum("...k,...ke->...e", top_p, onehot)
+
+
+def moe_dense(x, router_logits, gate, up, down, top_k: int, normalize: bool) -> jax.Array:
+  """The mixture computed over every expert for every token (the reference for ``moe_routed``).
+
+  x [..., D] (its dtype is the compute dtype); router_logits [..., E]; gate, up [E, D, F]; down
+  [E, F, D], all in x's dtype. Returns [..., D] in x's dtype: ``sum_e w_e * down_e(silu(gate_e(x))
+  * up_e(x))`` with ``w = route(router_logits)``. Cost ``n_experts / top_k`` times the routed
+  FLOPs, and a [..., E, F] intermediate."""
+  w = route(router_logits, top_k, normalize).astype(x.dtype)
+  g = jnp.einsum("...d,edf->...ef", x, gate)
+  u = jnp.einsum("...d,edf->...ef", x, up)
+  return jnp.einsum("...ef,efd->...d", jax.nn.silu(g) * u * w[..., None], down)
+
+
+def moe_routed(x, router_logits, gate, up, down, top_k: int, normalize: bool) -> jax.Array:
+  """The mixture computed for the routed experts only (arguments and result as ``moe_dense``).
+
+  Sort-based dispatch: the N * k (token, expert) pairs of the N tokens are sorted by expert id
+  (``argsort``, stable), each pair's token row is gathered, and the three projections are grouped
+  matmuls over the sorted rows (``jax.lax.ragged_dot`` with the per-expert row counts as group
+  sizes); each row is scaled by its routing weight before ``down`` (as ``moe_dense`` does), the
+  rows are put back in (token, k) order by the inverse permutation and summed over k in float32.
+  No token is dropped (no expert capacity), so the result equals ``moe_dense`` up to float
+  rounding, for any N (training batches, prefill chunks, one-token decode steps).
+
+  How XLA compiles it (``benchmarks/moe_flops.py`` prints the FLOPs; numbers in
+  ``benchmarks/RESULTS.md``): on TPU the forward and the input gradient are grouped matmuls
+  (``chlo.ragged_dot``, ``2 * N * k * D * F`` FLOPs per projection), but the weight gradient (a
+  ragged contracting dimension) is compiled as a masked dense product over all E groups, E times
+  that; on CPU JAX lowers every ``ragged_dot`` to a masked dense product over all groups (the
+  same numbers, ``k`` times ``moe_dense``'s FLOPs: ``ModelConfig.moe_impl="dense"`` is the cheaper
+  choice there). With the experts sharded on a mesh axis, XLA's SPMD partitioner all-gathers the
+  expert weights around each ``ragged_dot`` (correct, not expert-parallel); a grouped-matmul
+  kernel with its own weight gradient (Pallas megablox ``gmm``/``tgmm``) needs a ``shard_map``
+  over the expert axis, which this function does not do.
+  """
+  *lead, d = x.shape
+  e = gate.shape[0]
+  xf = x.reshape(-1, d)
+  n = xf.shape[0]
+  top_p, top_i = route_top_k(router_logits.reshape(n, e), top_k, normalize)
+  flat = top_i.reshape(-1)  # [N * k]: pair i is token i // k's (i % k)-th choice
+  order = jnp.argsort(flat, stable=True)  # pairs grouped by expert
+  sizes = jnp.bincount(flat, length=e).astype(jnp.int32)  # rows per expert, sums to N * k
+  xs = xf[order // top_k]  # [N * k, D]
+  g = jax.lax.ragged_dot(xs, gate, sizes)
+  u = jax.lax.ragged_dot(xs, up, sizes)
+  h = jax.nn.silu(g) * u * top_p.reshape(-1)[order].astype(x.dtype)[:, None]
+  y = jax.lax.ragged_dot(h, down, sizes, preferred_element_type=jnp.float32)  # [N * k, D]
+  y = y[jnp.argsort(order)].reshape(n, top_k, d).sum(axis=1)
+  return y.astype(x.dtype).reshape(*lead, d)
 
 
 class MoE(nnx.Module):
@@ -272,8 +334,10 @@ class MoE(nnx.Module):
 
   ``__call__(x [B, T, D]) -> (y [B, T, D], router_logits [B, T, E] float32)`` with
   ``y = sum_e w_e(x) * down_e(silu(gate_e(x)) * up_e(x))`` and ``w = route(router(x))``.
-  Computed densely over all experts (exact, simple; expert-parallel dispatch is the sharding
-  issue's job), so the cost is ``n_experts / n_experts_per_tok`` times the routed FLOPs.
+  ``cfg.moe_impl`` picks the computation: "routed" (default, ``moe_routed``: only the k routed
+  experts of each token run, as grouped matmuls) or "dense" (``moe_dense``: every expert for
+  every token, the reference). The parameters are the same for both: experts stacked on a
+  leading axis (logical axis "expert", ``sao_jax.models.partition``).
   """
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
@@ -291,12 +355,11 @@ class MoE(nnx.Module):
   def __call__(self, x):
     cfg = self.cfg
     logits = self.router(x.astype(jnp.float32))
-    weights = route(logits, cfg.n_experts_per_tok, cfg.norm_topk_prob).astype(x.dtype)
+    fn = moe_dense if cfg.moe_impl == "dense" else moe_routed
     dt = x.dtype
-    g = jnp.einsum("btd,edf->btef", x, self.gate_proj[...].astype(dt))
-    u = jnp.einsum("btd,edf->btef", x, self.up_proj[...].astype(dt))
-    h = jax.nn.silu(g) * u * weights[..., None]
-    return jnp.einsum("btef,efd->btd", h, self.down_proj[...].astype(dt)), logits
+    y = fn(x, logits, self.gate_proj[...].astype(dt), self.up_proj[...].astype(dt),
+           self.down_proj[...].astype(dt), cfg.n_experts_per_tok, cfg.norm_topk_prob)
+    return y, logits
 
 
 class Block(nnx.Module):
@@ -377,6 +440,20 @@ class Transformer(nnx.Module):
     h, new_cache, _ = self._run(tokens, positions, cache, attention_mask, kv_len, cache_rows)
     return self.logits_from_hidden(h), new_cache
 
+  def hidden_with_aux(self, tokens, positions, attention_mask=None, aux_mask=None):
+    """No-cache ``hidden`` plus the router loss to add to a training loss: ``(h [B, T, D], aux)``.
+
+    ``aux`` is None for a model without MoE layers or with ``router_aux_loss_coef`` 0; otherwise
+    ``{"load_balancing_loss": lb, "weighted": router_aux_loss_coef * lb}`` (float32 scalars), lb
+    from ``load_balancing_loss`` over the tokens where ``aux_mask`` {0,1} [B, T] is 1 (default:
+    ``attention_mask``, else every token)."""
+    h, _, rl = self._run(tokens, positions, None, attention_mask)
+    if not rl or self.cfg.router_aux_loss_coef <= 0:
+      return h, None
+    mask = attention_mask if aux_mask is None else aux_mask
+    lb = load_balancing_loss(rl, self.cfg.n_experts_per_tok, mask)
+    return h, {"load_balancing_loss": lb, "weighted": self.cfg.router_aux_loss_coef * lb}
+
   def forward_with_aux(self, tokens, positions, attention_mask=None):
     """No-cache forward that also returns the MoE router logits.
 
@@ -391,28 +468,31 @@ class Transformer(nnx.Module):
     return self.logits_from_hidden(h), {"router_logits": rl, "load_balancing_loss": lb}
 
 
-def load_balancing_loss(router_logits: jax.Array, top_k: int,
+def load_balancing_loss(router_logits, top_k: int,
                         attention_mask: Optional[jax.Array] = None) -> jax.Array:
-  """Switch-Transformer load-balancing loss as Hugging Face computes it for Qwen3-MoE / Mixtral.
+  """Switch-Transformer load-balancing loss as Hugging Face computes it for Qwen3-MoE / Mixtral
+  (``load_balancing_loss_func``).
 
   ``E * sum_{k, e} f_{k,e} * P_e`` where, over all (layer, token) pairs that the mask keeps,
   ``f_{k,e}`` is the fraction whose k-th choice is expert e and ``P_e`` the mean router probability
-  of e (Fedus et al. 2021, Eq. 4). router_logits: [L, B, T, E]; attention_mask: {0,1} [B, T] or
-  None. Returns a float32 scalar; 1.0 * top_k... for perfectly uniform routing it equals ``top_k``.
-  Multiply by ``router_aux_loss_coef`` before adding to a loss.
+  of e (Fedus et al. 2021, Eq. 4); the gradient flows through ``P`` only. router_logits:
+  [L, B, T, E] or a sequence of L arrays [B, T, E] (summed layer by layer, never stacked);
+  attention_mask: {0,1} [B, T] or None (every token). Returns a float32 scalar: ``top_k`` for
+  perfectly uniform routing, up to ``top_k * E`` when every token picks the same experts; 0 when
+  the mask keeps no token. Multiply by ``router_aux_loss_coef`` before adding to a loss.
   """
-  e = router_logits.shape[-1]
-  probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
-  _, sel = jax.lax.top_k(probs, top_k)
-  onehot = jax.nn.one_hot(sel, e, dtype=jnp.float32)  # [L, B, T, k, E]
-  if attention_mask is None:
-    w = jnp.ones(router_logits.shape[:-1], jnp.float32)
-  else:
-    w = jnp.broadcast_to(attention_mask.astype(jnp.float32)[None], router_logits.shape[:-1])
-  n = jnp.sum(w)
-  f = jnp.einsum("lbtke,lbt->ke", onehot, w) / n
-  p = jnp.einsum("lbte,lbt->e", probs, w) / n
-  return jnp.sum(f * p[None]) * e
+  f_sum = p_sum = n = 0.0
+  for r in router_logits:  # one layer: [B, T, E]
+    probs = jax.nn.softmax(r.astype(jnp.float32), axis=-1)
+    _, sel = jax.lax.top_k(probs, top_k)
+    onehot = jax.nn.one_hot(sel, r.shape[-1], dtype=jnp.float32)  # [B, T, k, E]
+    w = (jnp.ones(r.shape[:-1], jnp.float32) if attention_mask is None
+         else attention_mask.astype(jnp.float32))
+    f_sum = f_sum + jnp.einsum("btke,bt->ke", onehot, w)
+    p_sum = p_sum + jnp.einsum("bte,bt->e", probs, w)
+    n = n + jnp.sum(w)
+  n = jnp.maximum(n, 1.0)
+  return jnp.sum((f_sum / n) * (p_sum / n)[None]) * r.shape[-1]
 
 
 class Critic(nnx.Module):
@@ -428,8 +508,13 @@ class Critic(nnx.Module):
                                  kernel_init=nnx.initializers.zeros_init())
 
   def __call__(self, tokens, positions):
-    h, _ = self.backbone.hidden(tokens, positions)
-    return self.value_head(h.astype(jnp.float32))[..., 0]
+    return self.with_aux(tokens, positions)[0]
+
+  def with_aux(self, tokens, positions, aux_mask=None):
+    """``(values [B, T] float32, aux)``: ``aux`` the backbone's router loss as
+    ``Transformer.hidden_with_aux`` gives it (None for a dense backbone)."""
+    h, aux = self.backbone.hidden_with_aux(tokens, positions, aux_mask=aux_mask)
+    return self.value_head(h.astype(jnp.float32))[..., 0], aux
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, dtype=None) -> KVCache:

@@ -73,6 +73,10 @@ METRICS: dict[str, MetricDef] = {
                         "action tokens"),
     "action_tokens": _m("tokens", "DIS policy", "action tokens in the batch (the loss "
                         "denominator)"),
+    "router_aux_loss": _m("loss", "DIS policy", "MoE policy with model.router_aux_loss_coef "
+                          "> 0: router load-balancing loss over action tokens (Hugging Face "
+                          "formula; top_k when routing is uniform); policy_loss includes coef "
+                          "x this"),
     # ---- critic --------------------------------------------------------------------------------
     "value_loss": _m("loss", "critic", "(V - R)^2, token mean over action tokens, last of the K "
                      "critic updates"),
@@ -82,6 +86,9 @@ METRICS: dict[str, MetricDef] = {
                                  "clipping was active (0 unless clipping is on)"),
     "critic_grad_norm": _m("norm", "critic", "global gradient norm of the critic before "
                            "clipping (paper: 3-5 with frozen attention)"),
+    "critic_router_aux_loss": _m("loss", "critic", "MoE critic with model.router_aux_loss_coef "
+                                 "> 0: router load-balancing loss over action tokens, last of "
+                                 "the K critic updates; value_loss includes coef x this"),
     "explained_variance": _m("fraction", "critic", "1 - Var(R - V) / Var(R) over action tokens, "
                              "before the critic updates (paper: ~0.6)"),
     # ---- asynchrony ----------------------------------------------------------------------------

@@ -147,6 +147,16 @@ def token_logprobs_and_entropy(logits: jax.Array, tokens: jax.Array, temperature
   return jnp.pad(picked, ((0, 0), (1, 0))), jnp.pad(entropy, ((0, 0), (1, 0)))
 
 
+def _add_router_aux(loss_and_metrics, aux, name: str):
+  """``(loss, metrics)`` plus an MoE model's router load-balancing term: ``aux`` as
+  ``Transformer.hidden_with_aux`` returns it (None: unchanged) adds ``aux["weighted"]``
+  (``router_aux_loss_coef * lb``) to the loss and logs ``lb`` as ``metrics[name]``."""
+  loss, metrics = loss_and_metrics
+  if aux is None:
+    return loss, metrics
+  return loss + aux["weighted"], dict(metrics, **{name: aux["load_balancing_loss"]})
+
+
 STALENESS_BINS = 64  # staleness_hist: action tokens per staleness 0..63 (larger counted in 63)
 
 
@@ -206,15 +216,20 @@ def critic_update(graphdef, tx, state: TrainState, batch: Batch, targets: dict, 
   """One value-model update on fixed targets (``targets["returns"]``; ``targets["values"]``
   are the values the targets were built from, for clipping at ``value_clip_eps`` > 0).
   Returns (state, metrics: value_loss, value_mean, return_mean, value_clipped_fraction,
-  critic_grad_norm)."""
+  critic_grad_norm; for an MoE critic with ``router_aux_loss_coef`` > 0 also
+  critic_router_aux_loss, its load-balancing loss over action tokens, whose weighted term is in
+  value_loss)."""
 
   def loss_fn(params, mb):
     critic = nnx.merge(graphdef, params)
-    values = constrain(critic(mb["batch"].tokens, default_positions(mb["batch"].tokens)),
-                       "tokens")
-    return algo.value_loss(shift_values(values), mb["returns"], mb["batch"].action_mask,
-                           old_values=mb["values"],
-                           clip_eps=value_clip_eps if value_clip_eps > 0 else None)
+    values, aux = critic.with_aux(mb["batch"].tokens, default_positions(mb["batch"].tokens),
+                                  mb["batch"].action_mask)
+    values = constrain(values, "tokens")
+    return _add_router_aux(
+        algo.value_loss(shift_values(values), mb["returns"], mb["batch"].action_mask,
+                        old_values=mb["values"],
+                        clip_eps=value_clip_eps if value_clip_eps > 0 else None),
+        aux, "critic_router_aux_loss")
 
   data = {"batch": batch, "returns": targets["returns"], "values": targets["values"]}
   (loss, metrics), grads = _value_and_grad(loss_fn, state.params, data, microbatches)
@@ -240,24 +255,30 @@ def policy_update(graphdef, tx, state: TrainState, batch: Batch, advantages: jax
   the start of the batch (its log-probs computed once, before the first update), so from the
   second mini-batch on the ratio to it moves and the clip acts. With M = 1 the old policy is
   ``stop_gradient(logprobs)`` (the same thing for one update, without the extra forward pass).
-  ``microbatches`` accumulates gradients inside each (mini-)batch. Returns (state, metrics):
+  ``microbatches`` accumulates gradients inside each (mini-)batch. An MoE policy with
+  ``router_aux_loss_coef`` > 0 adds ``coef * load_balancing_loss`` over the action tokens to the
+  loss and logs the unweighted loss as ``router_aux_loss``. Returns (state, metrics):
   the mean over mini-batches (maxima for "max" keys, minima for "min" keys), plus
   ``policy_loss`` and ``policy_grad_norm``. Raises ValueError when B is not a multiple of M
   (x microbatches)."""
   fn = algo.get_objective(objective)
 
-  def logprobs_of(params, tokens):
-    logits, _ = nnx.merge(graphdef, params)(tokens, default_positions(tokens))
-    return token_logprobs_and_entropy(constrain(logits, "logits"), tokens, temperature)
+  def logprobs_of(params, tokens, aux_mask=None):
+    model = nnx.merge(graphdef, params)
+    h, aux = model.hidden_with_aux(tokens, default_positions(tokens), aux_mask=aux_mask)
+    logits = constrain(model.logits_from_hidden(h), "logits")
+    return (*token_logprobs_and_entropy(logits, tokens, temperature), aux)
 
   def loss_fn(params, mb):
     b = mb["batch"]
-    logp, entropy = logprobs_of(params, b.tokens)
+    logp, entropy, aux = logprobs_of(params, b.tokens, b.action_mask)
     ref = None
     if ref_params is not None:
       ref = jax.lax.stop_gradient(logprobs_of(ref_params, b.tokens)[0])
-    return fn(logp, b.rollout_logprobs, mb["advantages"], b.action_mask, entropy=entropy,
-              ref_logprobs=ref, old_logprobs=mb.get("old_logprobs"), **objective_kwargs)
+    return _add_router_aux(
+        fn(logp, b.rollout_logprobs, mb["advantages"], b.action_mask, entropy=entropy,
+           ref_logprobs=ref, old_logprobs=mb.get("old_logprobs"), **objective_kwargs),
+        aux, "router_aux_loss")
 
   def update(st, data):
     (loss, metrics), grads = _value_and_grad(loss_fn, st.params, data, microbatches)
