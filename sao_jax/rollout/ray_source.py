@@ -46,6 +46,7 @@ import time
 from typing import Any, Optional
 
 
+from sao_jax import faults
 from sao_jax.rollout import ray_local, staleness, weight_sync
 from sao_jax.rollout.ledger import append_ledger
 from sao_jax.rollout.source import GatedProblems, GroupCollector, LengthStats, repeat_groups
@@ -178,6 +179,7 @@ class RaySource:
     self.version = max(self.version, int(policy_version))
     t0 = time.perf_counter()
     out: list[Trajectory] = []
+    kill_checked = False  # fault injection (SAO_FAULT_KILL=rollout:<step>), checked once per take
     while len(out) < n:
       while self._arrived and len(out) < n:
         traj = self._arrived.popleft()
@@ -196,6 +198,9 @@ class RaySource:
             out.extend(unit)
       if len(out) >= n:
         break
+      if not kill_checked and len(out) >= n // 2:  # as ThreadSource: half the batch collected
+        faults.maybe_kill("rollout", policy_version + 1)
+        kill_checked = True
       self._pump()
       self._wait_and_collect(timeout_s=0.5)
     self.last_positions = sorted({t.prompt_position for t in out})
