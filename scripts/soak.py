@@ -8,13 +8,15 @@ rewards at --env_fault_rate), then checks that no state was lost and memory stay
 Driver kills: each incarnation is killed at a fault-injection point (``SAO_FAULT_KILL``, see
 ``sao_jax/faults.py``), the points taken in turn -- ``rollout`` (half a batch collected),
 ``train`` (after the update, before publish / save), ``checkpoint`` (right after an asynchronous
-save started) -- one to three steps after the checkpoint it resumes from; a seeded random
-0.5-1.5 x --kill_every_s seconds timer is the backstop (kind ``timer``). With ``--backend ray``
+save started) -- one to eight steps after the checkpoint it resumes from; a seeded random
+0.5-1.5 x --kill_every_s seconds timer is the backstop (kind ``timer``: set it well above an
+incarnation's start-up, or the timer takes most kills). With ``--backend ray``
 (two rollout actors on a local Ray) a random actor process is also SIGKILLed every
 0.5-1.5 x --actor_kill_every_s seconds (Ray restarts it), and the Ray a killed driver leaves
 behind is stopped before the next incarnation (each gets its own ``RAY_TMPDIR``).
 
-Checks at the end: ledger steps are 1..N with no gaps or repeats, every prompt position was
+Every incarnation shares one JAX compilation cache (``<run_dir>_jax_cache``) and the SFT warm
+start (``<run_dir>_sft_cache``). Checks at the end: ledger steps are 1..N with no gaps or repeats, every prompt position was
 consumed exactly once, the checkpoint's cursor agrees with the ledger, kills by kind, and each
 incarnation's peak RSS (the driver's). Prints a JSON summary (also written to
 <run_dir>/soak_summary.json).
@@ -86,7 +88,7 @@ def last_checkpoint(run_dir: str) -> int:
 def main():
   ap = argparse.ArgumentParser()
   ap.add_argument("--minutes", type=float, default=20)
-  ap.add_argument("--kill_every_s", type=float, default=60,
+  ap.add_argument("--kill_every_s", type=float, default=90,
                   help="backstop timer of a driver incarnation")
   ap.add_argument("--env_fault_rate", type=float, default=0.02)
   ap.add_argument("--run_dir", default="/tmp/sao_soak")
@@ -108,7 +110,11 @@ def main():
     args += ["--config.rollout.backend=ray", "--config.rollout.num_workers=2",
              "--config.rollout.ray_num_cpus=0.5", "--config.rollout.ray_max_restarts=1000"]
   args += a.extra
-  env = dict(os.environ, SAO_FAULT_ENV_RATE=str(a.env_fault_rate), PYTHONUNBUFFERED="1")
+  env = dict(os.environ, SAO_FAULT_ENV_RATE=str(a.env_fault_rate), PYTHONUNBUFFERED="1",
+             # one compilation cache for every incarnation: a restart compiles nothing again
+             JAX_COMPILATION_CACHE_DIR=a.run_dir + "_jax_cache",
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   env.pop("SAO_FAULT_KILL", None)
   t_end = time.time() + 60 * a.minutes
   incarnations = []
@@ -120,8 +126,8 @@ def main():
     point = None if a.no_kill_points else POINTS[len(incarnations) % len(POINTS)]
     done = last_checkpoint(a.run_dir)  # the step this incarnation resumes from
     # a save happens every 2 steps (checkpoint.every_steps): the checkpoint point needs one
-    at = (done - done % 2 + 2 * rng.randint(1, 2) if point == "checkpoint"
-          else done + rng.randint(1, 3))
+    at = (done - done % 2 + 2 * rng.randint(1, 4) if point == "checkpoint"
+          else done + rng.randint(1, 8))
     inc_env = dict(env, SAO_FAULT_KILL=f"{point}:{at}") if point else dict(env)
     ray_dir = tempfile.mkdtemp(prefix="sao_soak_ray_", dir="/tmp")  # short: unix sockets
     inc_env["RAY_TMPDIR"] = ray_dir
@@ -169,15 +175,20 @@ def main():
                          "ray_processes_left": len(leftover),
                          "rss_last_mb": samples[-1] if samples else None})
     print(json.dumps(incarnations[-1]), flush=True)
-  ledger = [json.loads(l) for l in open(os.path.join(a.run_dir, "ledger.jsonl"))]
+  def jsonl(name):  # absent when no incarnation got that far
+    path = os.path.join(a.run_dir, name)
+    return [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+  ledger = jsonl("ledger.jsonl")
   steps = [r["step"] for r in ledger if r["step"] > 0]
   positions = [p for r in ledger for p in r["positions"]]
   sys.path.insert(0, ROOT)
-  from sao_jax.train.checkpoint import Checkpointer  # pylint: disable=import-outside-toplevel
-  ck = Checkpointer(os.path.join(a.run_dir, "checkpoints"))
-  meta = ck.meta()
-  ck.close()
-  metrics = [json.loads(l) for l in open(os.path.join(a.run_dir, "metrics.jsonl"))]
+  meta = {}
+  if last_checkpoint(a.run_dir):
+    from sao_jax.train.checkpoint import Checkpointer  # pylint: disable=import-outside-toplevel
+    ck = Checkpointer(os.path.join(a.run_dir, "checkpoints"))
+    meta = ck.meta()
+    ck.close()
+  metrics = jsonl("metrics.jsonl")
   train = [m for m in metrics if "policy_loss" in m]
   upto = [p for r in ledger if 0 < r["step"] <= meta.get("step", 0) for p in r["positions"]]
   kinds = collections.Counter(i["killed"] for i in incarnations if i["killed"])

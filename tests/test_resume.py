@@ -153,9 +153,12 @@ def test_killed_async_run_resumes_and_consumes_every_prompt_once(tmp_path, backe
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   env.pop("SAO_FAULT_KILL", None)
   try:
-    killed = subprocess.run(cmd, cwd=ROOT, env=dict(env, SAO_FAULT_KILL="train:3"),
+    # the thread run dies after step 3's update; the Ray run with half of step 3's batch in
+    kill = "train:3" if backend == "thread" else "rollout:3"
+    killed = subprocess.run(cmd, cwd=ROOT, env=dict(env, SAO_FAULT_KILL=kill),
                             capture_output=True, text=True, timeout=600, check=False)
     assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
+    assert f"fault injection: SIGKILL at {kill.replace(':', ' of step ')}" in killed.stdout
     resumed = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=600, check=False)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]

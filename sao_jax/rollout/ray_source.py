@@ -179,9 +179,12 @@ class RaySource:
     self.version = max(self.version, int(policy_version))
     t0 = time.perf_counter()
     out: list[Trajectory] = []
-    kill_checked = False  # fault injection (SAO_FAULT_KILL=rollout:<step>), checked once per take
+    kill_at = n // 2  # fault injection, as in ThreadSource: once half the batch is collected
     while len(out) < n:
       while self._arrived and len(out) < n:
+        if len(out) >= kill_at:
+          faults.maybe_kill("rollout", policy_version + 1)
+          kill_at = n + 1
         traj = self._arrived.popleft()
         if self.admission is not None:
           self.admission.finish(accepted=not traj.info.get("failed", False))
@@ -198,9 +201,9 @@ class RaySource:
             out.extend(unit)
       if len(out) >= n:
         break
-      if not kill_checked and len(out) >= n // 2:  # as ThreadSource: half the batch collected
+      if len(out) >= kill_at:
         faults.maybe_kill("rollout", policy_version + 1)
-        kill_checked = True
+        kill_at = n + 1
       self._pump()
       self._wait_and_collect(timeout_s=0.5)
     self.last_positions = sorted({t.prompt_position for t in out})
