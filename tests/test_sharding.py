@@ -314,6 +314,21 @@ def test_checkpoint_restores_into_other_meshes(eight_devices, tmp_path):
 
 # ---- two processes with jax.distributed --------------------------------------------------------
 
+def test_loopback_hosts_and_the_coordinator_bind_address(monkeypatch):
+  """A coordinator address on this machine binds loopback; any other keeps JAX's default."""
+  for host in ("localhost", "127.0.0.1", "127.0.1.1", "[::1]", "::1", "::ffff:127.0.0.1"):
+    assert is_loopback(host), host
+  for host in ("192.0.2.2", "host0", "0.0.0.0", "::", ""):
+    assert not is_loopback(host), host
+  monkeypatch.delenv("JAX_COORDINATOR_BIND_ADDRESS", raising=False)
+  assert distributed.bind_address("localhost:1234") == "127.0.0.1:1234"
+  assert distributed.bind_address("127.0.0.1:99") == "127.0.0.1:99"
+  assert distributed.bind_address("[::1]:1234") == "[::1]:1234"
+  assert distributed.bind_address("host0:1234") is None
+  monkeypatch.setenv("JAX_COORDINATOR_BIND_ADDRESS", "[::]:1234")  # the user's choice wins
+  assert distributed.bind_address("localhost:1234") is None
+
+
 def test_two_processes_match_one(tmp_path):
   port = portpicker.pick_unused_port()
   out = tmp_path / "out.npz"

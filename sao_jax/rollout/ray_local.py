@@ -42,8 +42,9 @@ def is_loopback(host: str) -> bool:
 def init_ray(address: str = "", **kwargs) -> str:
   """``ray.init`` that keeps a one-machine Ray on loopback. Returns this node's IP as Ray sees it.
 
-  * ``address`` "" (a laptop run): starts a new local cluster whose processes listen on
-    127.0.0.1 only (``include_dashboard`` defaults to False);
+  * ``address`` "" and no ``RAY_ADDRESS`` in the environment (a laptop run): starts a new
+    local cluster whose processes listen on 127.0.0.1 only (``include_dashboard`` defaults to
+    False);
   * a loopback ``address`` ("127.0.0.1:port", "localhost:port": such a cluster, e.g. a test's):
     joins it -- a plain ``ray.init`` would replace the loopback host by the external IP and
     never reach it;
@@ -55,6 +56,7 @@ def init_ray(address: str = "", **kwargs) -> str:
   it -- and restore both afterwards. If this Ray version still picks another node IP for a new
   cluster, a warning line says so."""
   import ray  # pylint: disable=import-outside-toplevel  (optional: only the ray backend)
+  address = address or os.environ.get("RAY_ADDRESS", "")  # ray.init's own fallback
   if address and not is_loopback(address.rpartition(":")[0] or address):
     ray.init(address=address, **kwargs)
     return ray.util.get_node_ip_address()
