@@ -16,10 +16,10 @@ incarnation's start-up, or the timer takes most kills). With ``--backend ray``
 behind is stopped before the next incarnation (each gets its own ``RAY_TMPDIR``).
 
 Every incarnation shares one JAX compilation cache (``<run_dir>_jax_cache``) and the SFT warm
-start (``<run_dir>_sft_cache``). Checks at the end: ledger steps are 1..N with no gaps or repeats, every prompt position was
-consumed exactly once, the checkpoint's cursor agrees with the ledger, kills by kind, and each
-incarnation's peak RSS (the driver's). Prints a JSON summary (also written to
-<run_dir>/soak_summary.json).
+start (``<run_dir>_sft_cache``). Checks at the end: ledger steps are 1..N with no gaps or
+repeats, every prompt position was consumed exactly once, the checkpoint's cursor agrees with
+the ledger, kills by kind, and each incarnation's peak RSS (the driver's). Prints a JSON summary
+(also written to <run_dir>/soak_summary.json).
 """
 
 import argparse
