@@ -8,7 +8,7 @@ rewards at --env_fault_rate), then checks that no state was lost and memory stay
 Driver kills: each incarnation is killed at a fault-injection point (``SAO_FAULT_KILL``, see
 ``sao_jax/faults.py``), the points taken in turn -- ``rollout`` (half a batch collected),
 ``train`` (after the update, before publish / save), ``checkpoint`` (right after an asynchronous
-save started) -- one to eight steps after the checkpoint it resumes from; a seeded random
+save started) -- two to ten steps after the checkpoint it resumes from; a seeded random
 0.5-1.5 x --kill_every_s seconds timer is the backstop (kind ``timer``: set it well above an
 incarnation's start-up, or the timer takes most kills). With ``--backend ray``
 (two rollout actors on a local Ray) a random actor process is also SIGKILLed every
@@ -105,7 +105,10 @@ def main():
           f"--config.sft.cache_dir={a.run_dir}_sft_cache",  # a restart before the first
           # checkpoint reuses the warm start instead of retraining it (and being killed again)
           "--config.checkpoint.every_steps=2", "--config.eval.every_steps=0",
-          "--config.log.tensorboard=False", "--config.rollout.env_timeout_s=2.0"]
+          "--config.log.tensorboard=False", "--config.rollout.env_timeout_s=2.0",
+          # no critic warm-up: its batches would enter ledger.jsonl as step 1 too (the ledger
+          # labels a batch policy_version + 1), and the check below wants 1..N once each
+          "--config.train.critic_warmup_steps=0"]
   if a.backend == "ray":
     args += ["--config.rollout.backend=ray", "--config.rollout.num_workers=2",
              "--config.rollout.ray_num_cpus=0.5", "--config.rollout.ray_max_restarts=1000"]
@@ -126,8 +129,8 @@ def main():
     point = None if a.no_kill_points else POINTS[len(incarnations) % len(POINTS)]
     done = last_checkpoint(a.run_dir)  # the step this incarnation resumes from
     # a save happens every 2 steps (checkpoint.every_steps): the checkpoint point needs one
-    at = (done - done % 2 + 2 * rng.randint(1, 4) if point == "checkpoint"
-          else done + rng.randint(1, 8))
+    at = (done - done % 2 + 2 * rng.randint(1, 5) if point == "checkpoint"
+          else done + rng.randint(2, 10))
     inc_env = dict(env, SAO_FAULT_KILL=f"{point}:{at}") if point else dict(env)
     ray_dir = tempfile.mkdtemp(prefix="sao_soak_ray_", dir="/tmp")  # short: unix sockets
     inc_env["RAY_TMPDIR"] = ray_dir
@@ -154,6 +157,7 @@ def main():
         next_actor_kill = time.time() + rng.uniform(0.5, 1.5) * a.actor_kill_every_s
       time.sleep(1)
     timer = proc.poll() is None
+    ended = timer and time.time() >= t_end  # the soak's time is up: not a kill that counts
     if timer:
       proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -168,7 +172,7 @@ def main():
       f.seek(start)
       out = f.read().decode(errors="replace")
     injected = f"fault injection: SIGKILL at {point} of step {at}" in out if point else False
-    kind = point if injected else ("timer" if timer else None)
+    kind = point if injected else ("end" if ended else "timer" if timer else None)
     incarnations.append({"seconds": round(time.time() - t0), "peak_rss_mb": round(peak),
                          "killed": kind, "planned": f"{point}:{at}" if point else None,
                          "returncode": proc.returncode, "actor_kills": actor_kills,
@@ -191,12 +195,14 @@ def main():
   metrics = jsonl("metrics.jsonl")
   train = [m for m in metrics if "policy_loss" in m]
   upto = [p for r in ledger if 0 < r["step"] <= meta.get("step", 0) for p in r["positions"]]
-  kinds = collections.Counter(i["killed"] for i in incarnations if i["killed"])
+  kinds = collections.Counter(i["killed"] for i in incarnations
+                              if i["killed"] not in (None, "end"))
   summary = {
       "backend": a.backend, "minutes": a.minutes, "incarnations": len(incarnations),
       "kills": sum(kinds.values()), "kills_by_kind": dict(kinds),
       "actor_kills": sum(i["actor_kills"] for i in incarnations),
       "crashes_other": sum((not i["killed"]) and i["returncode"] != 0 for i in incarnations),
+      "stopped_at_end": sum(i["killed"] == "end" for i in incarnations),
       "steps_logged": len(steps), "steps_contiguous": steps == list(range(1, len(steps) + 1)),
       "positions_unique": len(positions) == len(set(positions)),
       "prompts_consumed": len(positions),
