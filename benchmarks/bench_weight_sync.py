@@ -29,7 +29,7 @@ import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 
-from sao_jax.rollout import weight_sync  # pylint: disable=wrong-import-position
+from sao_jax.rollout import ray_local, weight_sync  # pylint: disable=wrong-import-position
 
 LEAF_MB = 64
 
@@ -74,9 +74,9 @@ def main():
   nbytes = sum(x.nbytes for x in jax.tree.leaves(tree))
   leaves = jax.tree.leaves(tree)
   want = (float(jnp.sum(leaves[0][:1024])), float(jnp.sum(leaves[-1][-1024:])))
-  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-           object_store_memory=int(nbytes * 1.5),
-           runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
+  ray_local.init_ray(num_cpus=2, log_to_driver=False,  # listening on 127.0.0.1 only
+                     object_store_memory=int(nbytes * 1.5),
+                     runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
   try:
     actors = [ray.remote(Receiver).options(num_cpus=0.5).remote() for _ in range(2)]
     ray.get([a.__ray_ready__.remote() for a in actors])

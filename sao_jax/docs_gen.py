@@ -117,6 +117,8 @@ def render_metrics_docs() -> str:
            "(and `metrics.csv` at the end), to TensorBoard (`RUN_DIR/tb`) and, when asked, to "
            "Weights & Biases. Prefixes: " + ", ".join(f"`{p}`" for p in PREFIXES) +
            " (critic-only warm-up steps, the held-out evaluation after the last step). "
+           "`metrics.jsonl` is strict JSON: a NaN or infinite value is written as `null` "
+           "(`metrics.csv` keeps `nan` / `inf`). "
            "How to read them together: [reading the metrics](reading_metrics.md).\n"]
   groups: dict[str, list] = {}
   for name, d in METRICS.items():

@@ -8,6 +8,7 @@ selects a llama.cpp GGUF file instead. The tokenizer then comes from the same so
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Optional
 
@@ -19,13 +20,30 @@ from sao_jax.models.hf import load_hf_checkpoint
 from sao_jax.train import sharding
 
 
+def is_run_folder(path: str) -> bool:
+  """True for a sao_jax run folder (``run_dir``: a ``checkpoints/`` subfolder, or the
+  ``config.json`` the driver writes, which has ``train`` and ``rollout`` sections), whose
+  checkpoints are in ``<path>/checkpoints`` -- not a Hugging Face folder although it also holds
+  a ``config.json``."""
+  if os.path.isdir(os.path.join(path, "checkpoints")):
+    return True
+  try:
+    with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+      conf = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return isinstance(conf, dict) and "train" in conf and "rollout" in conf
+
+
 def source(config) -> str:
   """"gguf", "hf", "orbax" or "random"."""
   m = config.model
   if m.get("gguf", ""):
     return "gguf"
   if m.checkpoint_dir:
-    return "hf" if os.path.isfile(os.path.join(m.checkpoint_dir, "config.json")) else "orbax"
+    hf = (os.path.isfile(os.path.join(m.checkpoint_dir, "config.json"))
+          and not is_run_folder(m.checkpoint_dir))
+    return "hf" if hf else "orbax"
   return "random"
 
 

@@ -25,6 +25,7 @@ from jax.experimental import multihost_utils  # noqa: E402
 from sao_jax import pretrained, tasks  # noqa: E402
 from sao_jax.models.transformer import Transformer  # noqa: E402
 from sao_jax.rollout.ledger import PromptLedger  # noqa: E402
+from sao_jax.rollout.ray_local import init_ray  # noqa: E402
 from sao_jax.rollout.ray_source import RaySource  # noqa: E402
 from sao_jax.train import distributed, sharding  # noqa: E402
 from sao_jax.train.learner import Learner, LearnerConfig  # noqa: E402
@@ -63,7 +64,7 @@ def main(pid: int, port: int, ray_address: str, out: str) -> None:
   assert jax.process_count() == 2 and jax.device_count() == 4
   c = config()
   c.rollout.ray_address = ray_address
-  ray.init(address=ray_address, log_to_driver=False)
+  init_ray(ray_address, log_to_driver=False)  # the test's cluster, on 127.0.0.1
   task, mcfg, graphdef, params, (cg, cp) = models(c)
   learner = Learner(LearnerConfig.from_config(c), graphdef, params, cg, cp,
                     pad_id=task.tokenizer.pad_id, vocab_size=mcfg.vocab_size,

@@ -56,6 +56,15 @@ def main(pid: int, port: int, ckpt_dir: str, out: str) -> None:
              compiles=np.array(list(tr.compilations().values())),
              **flat(policy, "policy"), **flat(critic, "critic"))
   print(f"process {pid}: rows {rows.tolist()} losses {losses} restored_equal {same}", flush=True)
+  print(f"process {pid} listens on {listening()}", flush=True)  # while gloo is still connected
+
+
+def listening() -> list:
+  """[(ip, port), ...] this process listens on (the coordinator service on process 0, gloo's
+  and any other server's sockets)."""
+  import psutil  # pylint: disable=import-outside-toplevel  (installed with orbax / portpicker)
+  return sorted({(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN})
 
 
 if __name__ == "__main__":

@@ -60,7 +60,10 @@ def test_batch_layout_hand_worked():
     (dict(policy_version=np.array([-1, -1, -1, 4, -1, 4], np.int32)),
      "'policy_version'[2] = -1 on an action token"),
     (dict(logprobs=np.array([0, 0, np.nan, -1, 0, -1], np.float32)), "'logprobs'"),
-    (dict(reward=float("inf")), "'reward'"),
+    (dict(reward=float("inf")), "'reward' = inf is not finite"),
+    (dict(reward=None), "'reward' is NoneType None, not a number"),
+    (dict(reward="1.0"), "'reward' is str '1.0', not a number"),
+    (dict(reward=np.ones(2)), "'reward' has shape (2,), not one scalar per trajectory"),
 ])
 def test_malformed_trajectory_is_refused_naming_it_and_the_field(bad, field):
   good = _traj()
@@ -74,8 +77,28 @@ def test_too_long_and_too_many_are_refused():
     build_batch([_traj()], pad_id=0, length=4)
   with pytest.raises(BatchError, match="do not fit a batch of 1 rows"):
     build_batch([_traj(), _traj()], pad_id=0, length=8, rows=1)
-  with pytest.raises(BatchError, match="at least one"):
+  with pytest.raises(BatchError, match="^no trajectories"):
     build_batch([], pad_id=0)
+
+
+def test_scalar_rewards_of_any_numeric_type_are_stored_as_float32():
+  rewards = [1, True, np.float64(0.25), np.array(-0.5, np.float32)]
+  batch = build_batch([_traj(reward=r) for r in rewards], pad_id=0, length=8)
+  assert batch.reward.tolist() == [1.0, 1.0, 0.25, -0.5] and batch.reward.dtype == np.float32
+
+
+def test_incomplete_group_is_refused_naming_group_size():
+  """grpo modes (group_size G > 1): a batch whose group (same prompt position) has other than G
+  rows is refused -- its advantages would be normalised over part of a group."""
+  whole = [_traj(prompt_position=3), _traj(prompt_position=3, reward=0.0)]
+  batch = build_batch(whole, pad_id=0, length=8, group_size=2)
+  assert batch.group_id.tolist() == [0, 0]
+  with pytest.raises(BatchError, match=r"prompt position 9: a group of 1 trajectories \(rows "
+                                       r"\[2\]\), but train.group_size=2"):
+    build_batch(whole + [_traj(prompt_position=9)], pad_id=0, length=8, group_size=2)
+  with pytest.raises(BatchError, match=r"trajectory 0 \(no prompt position\): a group of 1"):
+    build_batch([_traj(), _traj()], pad_id=0, length=8, group_size=2)
+  build_batch([_traj(), _traj()], pad_id=0, length=8)  # group_size 1: no check
 
 
 # ---- ThreadSource -----------------------------------------------------------------------------

@@ -38,7 +38,8 @@ class _Env:
       raise KeyError("reward table missing")
     if self.behaviour == "hang":
       time.sleep(2.0)
-    reward = float("nan") if self.behaviour == "nan" else 1.0
+    reward = {"nan": float("nan"), "str": "1.0", "none": None, "vec": np.ones(2),
+              "np": np.float32(0.5)}.get(self.behaviour, 1.0)
     return EnvStep([], True, reward, {})
 
 
@@ -48,8 +49,22 @@ def test_guarded_env_passes_good_steps_and_raises_for_each_fault():
     GuardedEnv(_Env("raise"), timeout_s=5).step(P, 0, [2])
   with pytest.raises(EnvTimeout, match="rollout.env_timeout_s=0.2s"):
     GuardedEnv(_Env("hang"), timeout_s=0.2).step(P, 0, [2])
-  with pytest.raises(ValueError, match="non-finite reward nan for problem p1"):
+  with pytest.raises(ValueError, match="EnvStep.reward for problem p1 is nan, not finite"):
     GuardedEnv(_Env("nan"), timeout_s=5).step(P, 0, [2])
+
+
+def test_guarded_env_refuses_a_reward_that_is_not_one_real_number_naming_the_field():
+  """A string (even "1.0"), None or an array is refused naming ``EnvStep.reward`` (the worker
+  then records a failed trajectory with reward 0 and this reason, as for any env error); a NumPy
+  scalar passes as a plain float."""
+  got = GuardedEnv(_Env("np"), timeout_s=None).step(P, 0, [2]).reward
+  assert got == 0.5 and type(got) is float  # pylint: disable=unidiomatic-typecheck
+  for behaviour, what in (("str", r"is str '1.0', not a real number"),
+                          ("none", "is NoneType None, not a real number"),
+                          ("vec", r"has shape \(2,\), not one scalar per episode")):
+    with pytest.raises(ValueError, match=f"EnvStep.reward for problem p1 {what}; env.step must "
+                                         "return one finite float"):
+      GuardedEnv(_Env(behaviour), timeout_s=5).step(P, 0, [2])
 
 
 def test_worker_records_env_faults_as_failed_trajectories_and_counts_them():

@@ -2,15 +2,17 @@
 
 The Ray tests use ``rollout.weight_sync="transfer"`` (``SAO_TEST_WEIGHT_SYNC=object_store`` runs
 the object-store path instead; both pass). They start their own local cluster (2 CPUs, no
-dashboard), stop it at the end and check that no ``raylet`` / ``gcs_server`` process is left
-(``_ray_processes``).
+dashboard, listening on 127.0.0.1 only), stop it at the end and check that no ``raylet`` /
+``gcs_server`` process is left (``_ray_processes``).
 """
 
 import dataclasses
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -95,8 +97,9 @@ def ray_cluster():
   ray = pytest.importorskip("ray")
   before = _ray_processes()
   env = {"PYTHONPATH": ROOT, "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
-  ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-           object_store_memory=200 * 1024 ** 2, runtime_env={"env_vars": env})
+  from sao_jax.rollout.ray_local import init_ray  # pylint: disable=import-outside-toplevel
+  assert init_ray(num_cpus=2, log_to_driver=False, object_store_memory=200 * 1024 ** 2,
+                  runtime_env={"env_vars": env}) == "127.0.0.1"
   yield ray
   ray.shutdown()
   deadline = time.time() + 20
@@ -249,3 +252,77 @@ def test_two_trainer_processes_with_ray_actors_equal_one_process(ray_cluster, tm
   assert set(expected) == set(final.files)
   for k, v in expected.items():
     np.testing.assert_allclose(final[k], v, atol=1e-5, rtol=0, err_msg=k)
+
+
+# ---- a laptop run opens no port to the network -------------------------------------------------
+def _listening(root_pid: int, seen: dict) -> None:
+  """Adds to ``seen`` ({pid: [process names, {(ip, port), ...}]}) the TCP sockets listening in
+  ``root_pid`` and every process below it (psutil reads /proc; a process that ends meanwhile is
+  skipped)."""
+  import psutil  # pylint: disable=import-outside-toplevel  (installed with orbax / portpicker)
+  try:
+    root = psutil.Process(root_pid)
+    procs = [root] + root.children(recursive=True)
+  except psutil.Error:
+    return
+  for p in procs:
+    try:
+      socks = {(c.laddr.ip, c.laddr.port) for c in p.net_connections(kind="inet")
+               if c.status == psutil.CONN_LISTEN}
+      name = p.name().split(".")[0]  # an actor's title changes with its method: ray::A.poll
+    except psutil.Error:
+      continue
+    if socks:
+      names, known = seen.setdefault(p.pid, [set(), set()])
+      names.add(name)
+      known.update(socks)
+
+
+def test_ray_smoke_run_listens_on_loopback_only(tmp_path):
+  """The Ray backend's smoke run (a local Ray, one rollout actor, the transfer weight sync):
+  every TCP socket that any of its processes listens on while it runs -- GCS, raylet, agents,
+  core workers, the transfer servers -- is bound to loopback; the run ends cleanly and leaves no
+  Ray process."""
+  pytest.importorskip("ray")
+  pytest.importorskip("psutil")
+  from sao_jax.rollout.ray_local import is_loopback  # pylint: disable=import-outside-toplevel
+  from test_resume import ARGS  # pylint: disable=import-outside-toplevel  (tiny model, no SFT)
+  args = [a for a in ARGS if "lockstep" not in a and "num_steps" not in a]
+  args += ["--config.train.num_steps=2", "--config.checkpoint.every_steps=0",
+           "--config.rollout.backend=ray", "--config.rollout.num_workers=1",
+           "--config.rollout.weight_sync=transfer", f"--config.run_dir={tmp_path / 'run'}"]
+  ray_dir = tempfile.mkdtemp(prefix="sao_ray_", dir="/tmp")  # short: Ray's unix sockets
+  env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_TMPDIR=ray_dir)
+  env.pop("RAY_ADDRESS", None)
+  log = open(tmp_path / "run.log", "w+")  # a file: a pipe could fill up while we poll
+  proc = subprocess.Popen([sys.executable, "-m", "sao_jax.main", *args], cwd=ROOT, env=env,
+                          stdout=log, stderr=subprocess.STDOUT)
+  seen: dict = {}
+  try:
+    deadline = time.time() + 600
+    while proc.poll() is None and time.time() < deadline:
+      _listening(proc.pid, seen)
+      time.sleep(0.3)
+    if proc.poll() is None:
+      proc.kill()
+    proc.wait()
+    deadline = time.time() + 20  # the driver's ray.shutdown stops its Ray; give it a moment
+    while _ray_processes(under=ray_dir) and time.time() < deadline:
+      time.sleep(0.5)
+    left = _ray_processes(under=ray_dir)
+  finally:
+    for pid in _ray_processes(under=ray_dir):  # only if the run failed to stop its Ray
+      os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(ray_dir, ignore_errors=True)
+  log.seek(0)
+  out = log.read()
+  assert proc.returncode == 0, out[-3000:]
+  listed = {pid: ("/".join(sorted(names)), sorted(socks)) for pid, (names, socks) in seen.items()}
+  print("listening during the run (pid: process, sockets):", listed)
+  names = " ".join(n for n, _ in listed.values())
+  # the run's own processes were seen listening (the check is not vacuous)
+  assert "gcs_server" in names and "raylet" in names and "RolloutActor" in names, listed
+  exposed = {pid: (n, [s for s in socks if not is_loopback(s[0])])
+             for pid, (n, socks) in listed.items()}
+  assert not any(e for _, e in exposed.values()), f"listening beyond loopback: {exposed}"
+  assert not left, "a raylet / gcs_server outlived the run"

@@ -53,8 +53,16 @@ def _final_state(run_dir):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-  cache = tmp_path_factory.mktemp("jaxcache")
+def jax_cache(tmp_path_factory):
+  """One persistent compilation cache for every run of this module: the lockstep and the
+  asynchronous runs compile the same programs, so only the first run of the module compiles
+  (a cold run of this tiny model spends most of its time compiling)."""
+  return tmp_path_factory.mktemp("jaxcache")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, jax_cache):
+  cache = jax_cache
   ref = tmp_path_factory.mktemp("uninterrupted")
   ref_proc = _run(ref, cache=cache, background=True)  # runs alongside the crash chain
   crashed = tmp_path_factory.mktemp("crashed")
@@ -121,11 +129,13 @@ def jax_leaves(tree):
 
 
 # ---- an asynchronous run (no lockstep): the driver is SIGKILLed and resumed --------------------
-@pytest.mark.parametrize("backend", ["ray"])  # "thread" passes too; the ray one covers more
-def test_killed_async_run_resumes_and_consumes_every_prompt_once(tmp_path, backend):
+@pytest.mark.parametrize("backend", ["thread", "ray"])
+def test_killed_async_run_resumes_and_consumes_every_prompt_once(tmp_path, backend, jax_cache):
   """Not bit-exact (asynchronous sampling), but exactly-once: the ledger of the resumed run has
   steps 1..4 once each, every trained prompt position once, and the checkpoint's cursor covers
-  exactly those positions. With Ray, the killed driver's local cluster is cleaned up."""
+  exactly those positions. With Ray, the killed driver's local cluster is cleaned up. Both
+  backends reuse the module's compilation cache (Ray's actors inherit it): after the lockstep
+  runs above they compile little."""
   if backend == "ray":
     pytest.importorskip("ray")
   from test_ray_source import _ray_processes  # pylint: disable=import-outside-toplevel  (tests/ helper)
@@ -138,14 +148,17 @@ def test_killed_async_run_resumes_and_consumes_every_prompt_once(tmp_path, backe
   # Ray this test started is cleaned up after the SIGKILL, never another one on the machine
   ray_dir = tempfile.mkdtemp(prefix="sao_ray_", dir="/tmp")
   env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_TMPDIR=ray_dir,
-             JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),  # the resumed run reuses it
+             JAX_COMPILATION_CACHE_DIR=str(jax_cache),
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
              JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   env.pop("SAO_FAULT_KILL", None)
   try:
-    killed = subprocess.run(cmd, cwd=ROOT, env=dict(env, SAO_FAULT_KILL="train:3"),
+    # the thread run dies after step 3's update; the Ray run with half of step 3's batch in
+    kill = "train:3" if backend == "thread" else "rollout:3"
+    killed = subprocess.run(cmd, cwd=ROOT, env=dict(env, SAO_FAULT_KILL=kill),
                             capture_output=True, text=True, timeout=600, check=False)
     assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
+    assert f"fault injection: SIGKILL at {kill.replace(':', ' of step ')}" in killed.stdout
     resumed = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=600, check=False)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]

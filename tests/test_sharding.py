@@ -18,20 +18,25 @@ Subprocesses (``--xla_force_host_platform_device_count=8``), two at once:
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import portpicker
 import pytest
 from jax.sharding import PartitionSpec as P
 
 from sao_jax.models import partition
+from sao_jax.rollout.ray_local import is_loopback
 from sao_jax.train import distributed, sharding, steps
-from sao_jax.train.batch import build_batch
+from sao_jax.train.batch import Batch, BatchError, build_batch
 from sao_jax.train.learner import Learner
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -309,6 +314,21 @@ def test_checkpoint_restores_into_other_meshes(eight_devices, tmp_path):
 
 # ---- two processes with jax.distributed --------------------------------------------------------
 
+def test_loopback_hosts_and_the_coordinator_bind_address(monkeypatch):
+  """A coordinator address on this machine binds loopback; any other keeps JAX's default."""
+  for host in ("localhost", "127.0.0.1", "127.0.1.1", "[::1]", "::1", "::ffff:127.0.0.1"):
+    assert is_loopback(host), host
+  for host in ("192.0.2.2", "host0", "0.0.0.0", "::", ""):
+    assert not is_loopback(host), host
+  monkeypatch.delenv("JAX_COORDINATOR_BIND_ADDRESS", raising=False)
+  assert distributed.bind_address("localhost:1234") == "127.0.0.1:1234"
+  assert distributed.bind_address("127.0.0.1:99") == "127.0.0.1:99"
+  assert distributed.bind_address("[::1]:1234") == "[::1]:1234"
+  assert distributed.bind_address("host0:1234") is None
+  monkeypatch.setenv("JAX_COORDINATOR_BIND_ADDRESS", "[::]:1234")  # the user's choice wins
+  assert distributed.bind_address("localhost:1234") is None
+
+
 def test_two_processes_match_one(tmp_path):
   port = portpicker.pick_unused_port()
   out = tmp_path / "out.npz"
@@ -323,6 +343,16 @@ def test_two_processes_match_one(tmp_path):
       if p.poll() is None:
         p.kill()
   assert "rows [0, 1, 2, 3, 4, 5, 6, 7]" in logs[0] and "rows [8, 9, 10" in logs[1]
+  # a coordinator on localhost binds loopback (distributed.bind_address); gloo's sockets bind
+  # the address this machine's hostname resolves to (jax passes gloo no host): loopback when
+  # /etc/hosts maps the hostname to 127.x, as on this machine and Debian/Ubuntu defaults
+  socks = [ast.literal_eval(re.search(r"listens on (\[.*\])", log).group(1)) for log in logs]
+  print("listening:", socks)
+  coordinator = [ip for ip, p in socks[0] if p == port]
+  assert len(coordinator) == 1 and is_loopback(coordinator[0]), socks
+  hostname_ip = socket.gethostbyname(socket.gethostname())
+  assert all(is_loopback(ip) or ip.removeprefix("::ffff:") == hostname_ip
+             for s in socks for ip, _ in s), socks
   got = np.load(out)
   assert bool(got["restored_equal"])
   assert got["compiles"].tolist() == [1, 1, 1, 1]
@@ -342,6 +372,43 @@ def test_two_processes_match_one(tmp_path):
     np.testing.assert_allclose(got[k], v, atol=TOL, rtol=0, err_msg=k)
   assert np.abs(expected["policy/embed/embedding"] - np.asarray(pp["embed"]["embedding"])).max() \
       > 2e-5  # 3 steps really moved the params
+
+
+def test_learner_refuses_an_empty_batch_a_bad_reward_and_an_incomplete_group():
+  """Each is refused naming what is wrong, before anything is compiled or trained."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  pg, pp, cg, cp = H.make_models()
+  sao = Learner(H.learner_config("sao"), pg, pp, cg, cp, pad_id=0, vocab_size=64)
+  before = jax.device_get(sao.policy.params)
+  with pytest.raises(BatchError, match="^no trajectories"):
+    sao.train_step([], 0)
+  trajs = H.make_trajectories(pg, pp)
+  for bad, what in ((None, "is NoneType None, not a number"),
+                    ("1.0", "is str '1.0', not a number"),
+                    (np.array([1.0, 0.0]), r"has shape \(2,\), not one scalar")):
+    rows = trajs[:5] + [dataclasses.replace(trajs[5], reward=bad)] + trajs[6:]
+    with pytest.raises(BatchError, match=f"trajectory 5 .*field 'reward' {what}"):
+      sao.train_step(rows, 0)
+  assert H.max_abs_diff(before, jax.device_get(sao.policy.params)) == 0.0  # nothing trained
+  assert sum(sao.compilations().values()) == 0
+  grpo = Learner(H.learner_config("grpo_async"), pg, pp, None, None, pad_id=0, vocab_size=64)
+  groups = H.make_trajectories(pg, pp, group_size=4)  # 4 whole groups of 4
+  with pytest.raises(BatchError, match="prompt position 3: a group of 3 trajectories .* "
+                                       "train.group_size=4"):
+    grpo.train_step(groups[:15], 0)
+
+
+def test_value_extremes_of_a_batch_without_action_tokens_are_nan_not_inf():
+  batch = Batch.of(np.ones((2, 4), np.int32), np.zeros((2, 4)))
+  zeros = jnp.zeros((2, 4))
+  m = steps.batch_metrics(batch, {"advantages": zeros, "values": zeros, "returns": zeros},
+                          jnp.int32(0))
+  assert np.isnan(float(m["value_min"])) and np.isnan(float(m["value_max"]))
+  some = Batch.of(np.ones((2, 4), np.int32), np.array([[0, 1, 1, 0], [0, 0, 0, 0]]))
+  values = jnp.array([[9.0, 0.5, -0.25, 9.0], [-9.0, -9.0, -9.0, -9.0]])
+  m = steps.batch_metrics(some, {"advantages": zeros, "values": values, "returns": zeros},
+                          jnp.int32(0))
+  assert (float(m["value_min"]), float(m["value_max"])) == (-0.25, 0.5)  # action tokens only
 
 
 def test_value_pretraining_step_moves_only_the_critic():

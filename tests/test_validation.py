@@ -30,12 +30,13 @@ def test_shipped_configs_are_valid(name, variant):
   validate_config(_config(name, variant), num_devices=1)
 
 
-def test_aime_is_valid_once_given_its_checkpoint():
+def test_aime_is_valid_once_given_its_checkpoint(tmp_path):
   c = _config("aime")
   with pytest.raises(ConfigError) as ei:
     validate_config(c, num_devices=1)
   assert [p.split(" = ")[0] for p in ei.value.problems] == ["config.model.checkpoint_dir"]
-  c.model.checkpoint_dir = "/path/to/hf_folder"
+  (tmp_path / "config.json").write_text('{"model_type": "qwen3"}')  # a Hugging Face folder
+  c.model.checkpoint_dir = str(tmp_path)
   validate_config(c, num_devices=1)
 
 
@@ -390,3 +391,130 @@ def test_final_newline_is_not_an_empty_line(tmp_path):
   p = tmp_path / "ok.jsonl"
   p.write_bytes(b'{"id": "a", "problem": "p", "answer": "1"}\n')
   assert [x.id for x in load_math_problems(p, blank_lines="error")] == ["a"]
+
+
+# ---- run_dir, model.checkpoint_dir, start-of-run warnings ---------------------------------------
+def _problems(c) -> list[str]:
+  try:
+    validate_config(c, num_devices=1)
+  except ConfigError as e:
+    return e.problems
+  return []
+
+
+def _read_only_folder(path):
+  """A folder this user cannot write to: chmod 555 (not root), else a read-only tmpfs (root,
+  which ignores permission bits); None when neither is possible (the caller skips)."""
+  os.makedirs(path)
+  if os.geteuid() != 0:
+    os.chmod(path, 0o555)
+    return lambda: os.chmod(path, 0o755)
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)],
+                    capture_output=True, check=False).returncode != 0:
+    return None
+  return lambda: subprocess.run(["umount", str(path)], check=False)
+
+
+def test_run_dir_that_is_a_file_below_a_file_empty_or_not_writable_is_named_with_the_fix(tmp_path):
+  c = _config("arith_tool", "smoke")
+  c.run_dir = str(tmp_path / "new" / "run")  # missing folders are created: fine
+  assert _problems(c) == []
+  (tmp_path / "afile").write_text("x")
+  for run_dir, what in ((tmp_path / "afile", "is an existing file, not a folder"),
+                        (tmp_path / "afile" / "run", f"is below the file {tmp_path / 'afile'}"),
+                        ("", "empty")):
+    c.run_dir = str(run_dir)
+    assert _problems(c) == [f"config.run_dir = {str(run_dir)!r}: {what}; fix: give a folder "
+                            "path, e.g. --config.run_dir=runs/my_run (created if missing)"]
+  undo = _read_only_folder(tmp_path / "ro")
+  if undo is None:
+    pytest.skip("no way to make a read-only folder here (root without mount)")
+  try:
+    for run_dir, what in ((tmp_path / "ro", "this folder"),
+                          (tmp_path / "ro" / "run", f"its parent {tmp_path / 'ro'}")):
+      c.run_dir = str(run_dir)
+      (p,) = _problems(c)
+      assert p.startswith(f"config.run_dir = {str(run_dir)!r}: {what} is not writable by this "
+                          "user") and "fix: use a folder you can write to" in p
+  finally:
+    undo()
+
+
+def test_checkpoint_dir_one_level_off_points_at_the_checkpoints_folder(tmp_path):
+  """A run folder (what ``run_dir`` names) instead of its ``checkpoints/`` subfolder, a missing
+  path, a file, a folder without any checkpoint: each named with the fix; the checkpoints
+  folder itself and a Hugging Face folder pass."""
+  c = _config("arith_tool", "smoke")
+  run = tmp_path / "run"
+  (run / "checkpoints" / "4").mkdir(parents=True)
+  (run / "config.json").write_text('{"train": {}, "rollout": {}, "run_dir": "x"}')
+  c.model.checkpoint_dir = str(run)
+  assert _problems(c) == [f"config.model.checkpoint_dir = {str(run)!r}: is a run folder; its "
+                          f"checkpoints are in {run / 'checkpoints'}; fix: "
+                          f"--config.model.checkpoint_dir={run / 'checkpoints'}"]
+  c.model.checkpoint_dir = str(run / "checkpoints")
+  assert _problems(c) == []
+  (tmp_path / "hf").mkdir()
+  (tmp_path / "hf" / "config.json").write_text('{"model_type": "llama"}')
+  c.model.checkpoint_dir = str(tmp_path / "hf")
+  assert _problems(c) == []
+  (tmp_path / "empty").mkdir()
+  for d, what in ((tmp_path / "nowhere", "does not exist"), (run / "config.json", "is a file"),
+                  (tmp_path / "empty", "holds no complete checkpoint")):
+    c.model.checkpoint_dir = str(d)
+    (p,) = _problems(c)
+    assert p.startswith(f"config.model.checkpoint_dir = {str(d)!r}: {what}") and \
+        "fix: give a Hugging Face folder" in p
+  (run / "checkpoints" / "4").rmdir()
+  (run / "checkpoints").rmdir()  # a run that saved no checkpoint (still a run folder)
+  c.model.checkpoint_dir = str(run)
+  (p,) = _problems(c)
+  assert "is a run folder without checkpoints" in p
+
+
+def test_load_policy_params_from_a_run_folder_names_its_checkpoints_folder(tmp_path):
+  from sao_jax.train.checkpoint import load_policy_params  # pylint: disable=import-outside-toplevel
+  (tmp_path / "checkpoints").mkdir()
+  with pytest.raises(FileNotFoundError, match="it is a run folder: its checkpoints are in "
+                     f"'{tmp_path / 'checkpoints'}', so use --config.model.checkpoint_dir="):
+    load_policy_params(str(tmp_path), {})
+
+
+def test_ppo_family_with_one_minibatch_warns_once_at_the_start(tmp_path, monkeypatch, capsys):
+  c = _config("arith_tool", "smoke")
+  assert validation.config_warnings(c) == []  # SAO's DIS
+  for overrides in ({"mode": "grpo_async"}, {"objective": "tis"}, {"mode": "vapo"}):
+    c = _config("arith_tool", "smoke")
+    c.train.update(overrides)
+    (line,) = validation.config_warnings(c)
+    assert line.startswith("warning: train.objective resolves to ") and \
+        "train.policy_minibatches=1" in line and "the clip never acts" in line
+    c.train.policy_minibatches = 4
+    assert validation.config_warnings(c) == []
+  # the driver prints it once, before anything is built
+  from sao_jax.train import loop  # pylint: disable=import-outside-toplevel
+
+  class Stop(Exception):
+    pass
+
+  def stop(_):
+    raise Stop
+  monkeypatch.setattr(loop.tasks, "make_task", stop)
+  c = _config("arith_tool", "smoke")
+  c.train.objective, c.run_dir = "ppo_clip", str(tmp_path / "run")
+  with pytest.raises(Stop):
+    loop.run(c)
+  err = capsys.readouterr().err
+  assert [l for l in err.splitlines() if l.startswith("warning:")] == \
+      validation.config_warnings(c)
+
+
+def test_cli_bad_run_dir_and_checkpoint_dir_exit_with_the_fields_and_no_traceback(tmp_path):
+  (tmp_path / "afile").write_text("x")
+  (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+  proc = _main("--config=configs/arith_tool.py:smoke", f"--config.run_dir={tmp_path / 'afile'}",
+               f"--config.model.checkpoint_dir={tmp_path / 'run'}")
+  assert proc.returncode == 1, proc.stderr[-3000:]
+  assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert f"config.run_dir = {str(tmp_path / 'afile')!r}: is an existing file" in proc.stderr
+  assert f"fix: --config.model.checkpoint_dir={tmp_path / 'run' / 'checkpoints'}" in proc.stderr

@@ -7,7 +7,8 @@ The rollout worker already turns an exception from ``env.step`` into a failed tr
   * ``EnvTimeout`` when ``step`` takes longer than ``timeout_s`` seconds (the call runs on a
     small thread pool; a hung call's thread cannot be killed and is left to finish on its own --
     for code that may never return use the process sandbox, ``sao_jax/envs/sandbox.py``);
-  * ``ValueError`` when the reward is NaN/inf.
+  * ``ValueError`` naming ``EnvStep.reward`` when a finished episode's reward is not one finite
+    real number (NaN, inf, a string such as "1.0", None, an array): ``check_reward``.
 """
 
 from __future__ import annotations
@@ -86,7 +87,30 @@ class GuardedEnv:
       except concurrent.futures.TimeoutError:
         raise EnvTimeout(f"env.step exceeded rollout.env_timeout_s={self.timeout_s}s "
                          f"(problem {getattr(problem, 'id', '?')}, turn {turn})") from None
-    if out.done and not math.isfinite(float(out.reward)):
-      raise ValueError(f"environment returned a non-finite reward {out.reward!r} for problem "
-                       f"{getattr(problem, 'id', '?')}")
+    if out.done:  # a plain float from here on (the worker and the batch store it as is)
+      out = EnvStep(out.observation_ids, True,
+                    check_reward(out.reward, f"problem {getattr(problem, 'id', '?')}"), out.info)
     return out
+
+
+def check_reward(reward, where: str = "") -> float:
+  """``reward`` as a Python float if it is one finite real number: a bool, int or float, a
+  NumPy / JAX scalar or a 0-d array of one. Anything else -- a string (even "1.0"), None, a
+  complex number, an array of shape (2,) or (1,), NaN, inf -- raises ValueError naming the field
+  (``EnvStep.reward``), ``where`` (e.g. "problem 17"), the value and what to return instead."""
+  a = None
+  if reward is not None and not isinstance(reward, (str, bytes)):
+    try:
+      a = np.asarray(reward)
+    except Exception:  # pylint: disable=broad-except  (an object NumPy cannot read)
+      a = None
+  if a is None or a.dtype.kind not in "biuf":
+    problem = f"is {type(reward).__name__} {reward!r}, not a real number"
+  elif a.ndim:
+    problem = f"has shape {a.shape}, not one scalar per episode"
+  elif not math.isfinite(float(a)):
+    problem = f"is {float(a)!r}, not finite"
+  else:
+    return float(a)
+  raise ValueError(f"EnvStep.reward{' for ' + where if where else ''} {problem}; env.step must "
+                   "return one finite float (e.g. 1.0 or 0.0) as a finished episode's reward.")

@@ -46,7 +46,8 @@ import time
 from typing import Any, Optional
 
 
-from sao_jax.rollout import staleness, weight_sync
+from sao_jax import faults
+from sao_jax.rollout import ray_local, staleness, weight_sync
 from sao_jax.rollout.ledger import append_ledger
 from sao_jax.rollout.source import GatedProblems, GroupCollector, LengthStats, repeat_groups
 from sao_jax.rollout.trajectory import Trajectory
@@ -87,7 +88,8 @@ class RaySource:
 
   Args:
     config: the run's ``ConfigDict``. Read: ``rollout.num_workers`` (default 2),
-      ``rollout.ray_address`` ("" = start a local Ray, else join it), ``rollout.ray_num_cpus``
+      ``rollout.ray_address`` ("" = start a local Ray listening on 127.0.0.1 only, else join
+      it), ``rollout.ray_num_cpus``
       (1), ``rollout.ray_num_gpus`` (0), ``rollout.ray_resources`` (dict, e.g. ``{"TPU": 4}``),
       ``rollout.ray_max_restarts`` (4), ``rollout.ray_max_outstanding`` (0 = 2 x
       ``rollout.slots``: prompts one actor holds at a time), ``rollout.weight_sync`` ("auto" |
@@ -121,8 +123,9 @@ class RaySource:
       raise ValueError(f"rollout.num_workers={n}; need >= 1 rollout actor.")
     self._owns_ray = False
     if not ray.is_initialized():
-      address = _config_get(r, "ray_address", "") or None
-      ray.init(address=address, include_dashboard=False, log_to_driver=True)
+      # "" (a laptop run): a local Ray with every port on 127.0.0.1 (rollout/ray_local.py);
+      # else the user's cluster, whose ports and access are its own (README)
+      ray_local.init_ray(_config_get(r, "ray_address", ""), log_to_driver=True)
       self._owns_ray = True
     self.ledger = ledger
     self.group_size = int(group_size)
@@ -176,8 +179,12 @@ class RaySource:
     self.version = max(self.version, int(policy_version))
     t0 = time.perf_counter()
     out: list[Trajectory] = []
+    kill_at = n // 2  # fault injection, as in ThreadSource: once half the batch is collected
     while len(out) < n:
       while self._arrived and len(out) < n:
+        if len(out) >= kill_at:
+          faults.maybe_kill("rollout", policy_version + 1)
+          kill_at = n + 1
         traj = self._arrived.popleft()
         if self.admission is not None:
           self.admission.finish(accepted=not traj.info.get("failed", False))
@@ -194,6 +201,9 @@ class RaySource:
             out.extend(unit)
       if len(out) >= n:
         break
+      if len(out) >= kill_at:
+        faults.maybe_kill("rollout", policy_version + 1)
+        kill_at = n + 1
       self._pump()
       self._wait_and_collect(timeout_s=0.5)
     self.last_positions = sorted({t.prompt_position for t in out})

@@ -71,7 +71,9 @@ def _avals(leaves) -> tuple:
 
 
 def node_ip() -> str:
-  """This node's IP as Ray sees it (when Ray is initialised), else 127.0.0.1."""
+  """This node's IP as Ray sees it (when Ray is initialised: 127.0.0.1 for the local Ray of
+  ``ray_local.init_ray``, the node's cluster address on a cluster), else 127.0.0.1: the
+  address the transfer servers bind."""
   try:
     import ray  # pylint: disable=import-outside-toplevel  (ray is optional: only the ray backend)
     if ray.is_initialized():

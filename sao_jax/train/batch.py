@@ -116,13 +116,56 @@ def _check(i: int, t: Trajectory, vocab_size: Optional[int]) -> None:
   if not np.isfinite(logp).all() or (logp > 1e-6).any():
     raise BatchError(f"{name}: field 'logprobs' holds a non-finite or positive log-prob on an "
                      "action token; it must be the engine's log-prob (<= 0).")
-  if not np.isfinite(t.reward):
-    raise BatchError(f"{name}: field 'reward' = {t.reward!r} is not finite.")
+  _check_reward(name, t.reward)
+
+
+def _check_reward(name: str, reward) -> None:
+  """One finite real number (bool, int, float, NumPy/JAX scalar or 0-d array), else
+  ``BatchError`` naming the field."""
+  a = None
+  if reward is not None and not isinstance(reward, (str, bytes)):
+    try:
+      a = np.asarray(reward)
+    except Exception:  # pylint: disable=broad-except  (an object NumPy cannot read)
+      a = None
+  if a is None or a.dtype.kind not in "biuf":
+    problem = f"is {type(reward).__name__} {reward!r}, not a number"
+  elif a.ndim:
+    problem = f"has shape {a.shape}, not one scalar per trajectory"
+  elif not np.isfinite(a):
+    problem = f"= {reward!r} is not finite"
+  else:
+    return
+  raise BatchError(f"{name}: field 'reward' {problem}; each trajectory needs one finite float "
+                   "reward (the environment's EnvStep.reward of the finished episode).")
+
+
+def require_trajectories(trajectories: Sequence[Trajectory]) -> None:
+  """Raises ``BatchError`` ("no trajectories") for an empty list (called before any batch
+  planning, whose own error would name an internal argument)."""
+  if len(trajectories) == 0:
+    raise BatchError("no trajectories: a training step needs at least one (the sources' "
+                     "take(n) returns n = train.batch_size / processes >= 1).")
+
+
+def _check_groups(trajectories: Sequence[Trajectory], group_size: int) -> None:
+  sizes: dict = {}
+  for i, t in enumerate(trajectories):
+    sizes.setdefault(t.prompt_position if t.prompt_position >= 0 else ("row", i), []).append(i)
+  for key, rows in sizes.items():
+    if len(rows) != group_size:
+      what = (f"prompt position {key}" if not isinstance(key, tuple)
+              else f"trajectory {rows[0]} (no prompt position)")
+      raise BatchError(
+          f"{what}: a group of {len(rows)} trajectories (rows {rows[:8]}), but "
+          f"train.group_size={group_size}: a grpo mode normalises advantages over whole groups "
+          f"of G rollouts of one prompt; feed whole groups (the sources do: "
+          "rollout/source.py:GroupCollector).")
 
 
 def build_batch(trajectories: Sequence[Trajectory], pad_id: int, *, length: int = 0,
                 rows: int = 0, vocab_size: Optional[int] = None,
-                baseline: Optional[Sequence[float]] = None) -> Batch:
+                baseline: Optional[Sequence[float]] = None, group_size: int = 1) -> Batch:
   """``Trajectory`` records -> a host (NumPy) ``Batch``.
 
   Args:
@@ -133,6 +176,8 @@ def build_batch(trajectories: Sequence[Trajectory], pad_id: int, *, length: int 
     rows: pad the batch with empty rows to this many (0 = ``len(trajectories)``).
     vocab_size: token ids must be in ``[0, vocab_size)`` (None: only ``>= 0`` is checked).
     baseline: per-row running-mean baselines (None: 0).
+    group_size: G of a grpo mode (``train.group_size``): every group must hold exactly G
+      trajectories (1: no check).
 
   Group ids: trajectories with the same ``prompt_position`` (>= 0) form one group (GRPO); a
   trajectory without one (-1) is a group of its own.
@@ -141,12 +186,14 @@ def build_batch(trajectories: Sequence[Trajectory], pad_id: int, *, length: int 
     BatchError naming the trajectory and the field, for: no trajectories, per-token fields of
     different lengths, token ids outside the vocabulary, an action token without a policy
     version (< 0), a non-finite or positive rollout log-prob, a non-finite reward, a
-    trajectory longer than ``length``, more trajectories than ``rows``.
+    trajectory longer than ``length``, more trajectories than ``rows``, a group of other than
+    ``group_size`` trajectories (its advantages would be normalised over a partial group).
   """
-  if not trajectories:
-    raise BatchError("build_batch needs at least one trajectory.")
+  require_trajectories(trajectories)
   for i, t in enumerate(trajectories):
     _check(i, t, vocab_size)
+  if group_size > 1:
+    _check_groups(trajectories, group_size)
   longest = max(len(t.tokens) for t in trajectories)
   t_len = length or bucket_length(longest)
   if longest > t_len:

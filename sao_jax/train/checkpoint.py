@@ -131,7 +131,13 @@ def load_policy_params(directory: str, target_params: Any, step: Optional[int] =
   manager = ocp.CheckpointManager(os.path.abspath(directory))
   step = manager.latest_step() if step is None else step
   if step is None:
-    raise FileNotFoundError(f"no complete checkpoint in model.checkpoint_dir={directory!r}.")
+    manager.close()
+    inner = os.path.join(directory, "checkpoints")
+    hint = (f"; it is a run folder: its checkpoints are in {inner!r}, so use "
+            f"--config.model.checkpoint_dir={inner}" if os.path.isdir(inner) else
+            "; give a run's checkpoints folder (<run_dir>/checkpoints)")
+    raise FileNotFoundError(f"no complete checkpoint in model.checkpoint_dir={directory!r}"
+                            f"{hint}.")
   raw = manager.restore(step)
   manager.close()
   tree = raw.get("policy", raw) if isinstance(raw, dict) else raw

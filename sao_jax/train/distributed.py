@@ -16,6 +16,8 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from sao_jax.rollout.ray_local import is_loopback
+
 
 _ENV = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
         "process_id": "JAX_PROCESS_ID"}
@@ -27,7 +29,9 @@ def initialize(dist_cfg: Optional[Mapping[str, Any]] = None) -> bool:
   Fields (config first, then env ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` /
   ``JAX_PROCESS_ID``): ``coordinator_address`` ("host:port"; empty = single process, nothing
   is started), ``num_processes``, ``process_id``, ``cpu_collectives`` ("gloo" so CPU
-  processes can all-reduce; ignored on GPU/TPU). Must run before any other JAX call.
+  processes can all-reduce; ignored on GPU/TPU). Must run before any other JAX call. A
+  loopback coordinator address (one machine) binds the coordinator to loopback
+  (``bind_address``).
 
   Returns True if ``jax.distributed.initialize`` was called. Raises ValueError if an address
   is given without ``num_processes`` / ``process_id``.
@@ -46,8 +50,21 @@ def initialize(dist_cfg: Optional[Mapping[str, Any]] = None) -> bool:
   if collectives:
     jax.config.update("jax_cpu_collectives_implementation", collectives)
   jax.distributed.initialize(coordinator_address=address, num_processes=int(num),
-                             process_id=int(pid))
+                             process_id=int(pid), coordinator_bind_address=bind_address(address))
   return True
+
+
+def bind_address(coordinator_address: str) -> Optional[str]:
+  """Where process 0's coordinator service listens: ``127.0.0.1:<port>`` (``[::1]:<port>``)
+  when ``coordinator_address`` names a loopback host (``localhost``, 127.x, ::1: every process
+  on this machine), so a one-machine job opens no port to the network; otherwise None (JAX's
+  default: every interface, or ``JAX_COORDINATOR_BIND_ADDRESS`` when set)."""
+  if os.environ.get("JAX_COORDINATOR_BIND_ADDRESS"):
+    return None
+  host, _, port = coordinator_address.rpartition(":")
+  if not is_loopback(host):
+    return None
+  return f"[::1]:{port}" if host.strip("[]") == "::1" else f"127.0.0.1:{port}"
 
 
 def is_main_process() -> bool:

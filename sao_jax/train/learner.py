@@ -35,7 +35,7 @@ from sao_jax import algo
 from sao_jax.rollout.trajectory import Trajectory
 from sao_jax.train import modes, optim, sharding, steps
 from sao_jax.train.baselines import RunningMeanBaseline
-from sao_jax.train.batch import Batch, build_batch
+from sao_jax.train.batch import Batch, build_batch, require_trajectories
 from sao_jax.train.distributed import microbatch_plan, process_rows
 
 
@@ -284,7 +284,9 @@ class Learner:
     the estimator keeps one) is scored here, before the rewards join its window, and
     ``baseline_nonempty_fraction`` is the share of these trajectories whose window held at
     least one earlier reward (``train_step`` reports it). Raises
-    ``BatchError`` naming the trajectory and field of a malformed trajectory."""
+    ``BatchError`` naming the trajectory and field of a malformed trajectory, "no
+    trajectories" for none, an incomplete group in a grpo mode naming train.group_size."""
+    require_trajectories(local_trajectories)
     length = self.batch_length_for(local_trajectories)
     rows, micro = self.plan(len(local_trajectories), length)
     n_local = len(process_rows(self.batch_sharding, rows))
@@ -294,7 +296,8 @@ class Learner:
                                           [t.reward for t in local_trajectories])
       self.baseline_nonempty_fraction = float(np.mean(nonempty)) if len(nonempty) else 0.0
     host = build_batch(local_trajectories, self.pad_id, length=length,
-                       rows=n_local, vocab_size=self.vocab_size, baseline=baseline)
+                       rows=n_local, vocab_size=self.vocab_size, baseline=baseline,
+                       group_size=self.spec.group_size)
     return self.global_batch(host, rows), micro
 
   def global_batch(self, host: Batch, rows: int) -> Batch:

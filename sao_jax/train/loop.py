@@ -10,6 +10,7 @@ back to the rollout side as ``policy_version`` + 1. What is built from the confi
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import Any
 
@@ -17,7 +18,7 @@ import jax
 import numpy as np
 
 from sao_jax import faults, tasks
-from sao_jax.train.validation import validate_config
+from sao_jax.train.validation import config_warnings, validate_config
 from sao_jax.rollout.ledger import PromptLedger
 from sao_jax.train import distributed, report, setup
 from sao_jax.train import resume as resume_lib
@@ -49,6 +50,8 @@ def run(config) -> dict[str, Any]:
   t_job = time.time()
   validate_config(config)  # every bad field in one error, before anything is built
   distributed.initialize(config.distributed)  # no-op without a coordinator address
+  for line in config_warnings(config) if distributed.is_main_process() else ():
+    print(line, file=sys.stderr, flush=True)
   run_dir, tcfg = config.run_dir, config.train
   resume_step, ckpt_dir = resume_lib.prepare_run_dir(config)
   task = tasks.make_task(config)

@@ -168,9 +168,11 @@ METRICS: dict[str, MetricDef] = {
     "traj_t_end_max": _m("s", "throughput", "latest rollout end in the batch"),
     # ---- the critic against the reward range, and the drop policy's length bias ---------------
     "value_min": _m("value", "critic", "smallest critic value over the batch's action tokens "
-                    "(before the K updates); compare with the reward range"),
+                    "(before the K updates); compare with the reward range; null (NaN) in a "
+                    "batch without action tokens"),
     "value_max": _m("value", "critic", "largest critic value over the batch's action tokens "
-                    "(above the largest reward: the value overshoots)"),
+                    "(above the largest reward: the value overshoots); null (NaN) in a batch "
+                    "without action tokens"),
     "baseline_nonempty_fraction": _m("fraction", "DIS policy", "running-mean estimators: share "
                                      "of the batch's trajectories whose reward window held an "
                                      "earlier reward (0 = the baseline is 0, A = R)"),

@@ -106,10 +106,21 @@ def _plain(v: Any) -> Any:
   return v.tolist() if hasattr(v, "tolist") else v
 
 
+def _strict(v: Any) -> Any:
+  """``v`` with every NaN / +-inf float (also inside lists) replaced by None: strict JSON
+  (``NaN`` and ``Infinity`` are Python's extension, which other parsers refuse)."""
+  if isinstance(v, float) and not math.isfinite(v):
+    return None
+  if isinstance(v, (list, tuple)):
+    return [_strict(x) for x in v]
+  return v
+
+
 class JsonlCsvWriter(_ScalarWriter):
   """Appends one JSON record ``{"step": step, key: value, ...}`` per step to
-  ``run_dir/metrics.jsonl``; ``close`` writes ``run_dir/metrics.csv`` (columns = the union of this
-  run's keys, ``step`` first, then sorted; one row per record) and sets ``csv_path``.
+  ``run_dir/metrics.jsonl`` (strict JSON: NaN / inf are written as null); ``close`` writes
+  ``run_dir/metrics.csv`` (columns = the union of this run's keys, ``step`` first, then sorted;
+  one row per record) and sets ``csv_path``.
 
   Scalars, texts and summaries (arrays, e.g. ``staleness_hist``, written as lists) written for
   the same step before ``flush`` form one record; a write for another step, ``flush`` or ``close``
@@ -146,7 +157,8 @@ class JsonlCsvWriter(_ScalarWriter):
       return
     rec, self._pending = self._pending, None
     self.records.append(rec)
-    self._jsonl.write(json.dumps(rec) + "\n")
+    self._jsonl.write(json.dumps({k: _strict(v) for k, v in rec.items()}, allow_nan=False)
+                      + "\n")
     self._jsonl.flush()
 
   def close(self):

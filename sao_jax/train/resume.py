@@ -156,15 +156,21 @@ def prepare_run_dir(config) -> tuple[Optional[int], str]:
   a run folder made with another config (``check_resume_config``), writes the resolved
   ``config.json`` and drops metric / ledger records of steps after the checkpoint (all of them
   on a fresh start). Returns ``(resume_step or None, checkpoint folder)``. Raises ImportError
-  at once if ``log.wandb_project`` is set without wandb installed."""
+  at once if ``log.wandb_project`` is set without wandb installed, ``ResumeError`` naming
+  ``run_dir`` if the folder or its ``config.json`` cannot be written."""
   run_dir = config.run_dir
-  os.makedirs(run_dir, exist_ok=True)
   ckpt_dir = os.path.join(run_dir, "checkpoints")
-  resume_step = resume_point(ckpt_dir) if config.checkpoint.resume else None
-  config_json = config.to_json_best_effort(indent=2)  # the resolved config, overrides included
-  check_resume_config(run_dir, config_json, resume_step, config.train.num_steps)
-  with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config_json)
+  try:  # validation checked the folder; this catches what it cannot see (a full disk, a race)
+    os.makedirs(run_dir, exist_ok=True)
+    resume_step = resume_point(ckpt_dir) if config.checkpoint.resume else None
+    config_json = config.to_json_best_effort(indent=2)  # the resolved config, overrides included
+    check_resume_config(run_dir, config_json, resume_step, config.train.num_steps)
+    with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
+      f.write(config_json)
+  except OSError as e:
+    raise ResumeError(f"config.run_dir = {run_dir!r} cannot be written ({type(e).__name__}: "
+                      f"{e.strerror or e}); fix: use a folder you can write to, e.g. "
+                      "--config.run_dir=$HOME/sao_runs/my_run") from e
   if config.log.wandb_project:
     require_wandb()  # fail now, not after the warm-up
   for name in ("metrics.jsonl", "ledger.jsonl"):

@@ -316,8 +316,9 @@ def batch_metrics(batch: Batch, targets: dict, policy_version: jax.Array) -> dic
       "staleness_hist": hist,
       "advantage_mean": adv_mean, "advantage_std": jnp.sqrt(adv_var),
       "explained_variance": algo.explained_variance(values, targets["returns"], mask),
-      "value_min": jnp.where(mask, values, jnp.inf).min(),
-      "value_max": jnp.where(mask, values, -jnp.inf).max(),
+      # NaN (null in metrics.jsonl) when the batch has no action token, never +-inf
+      "value_min": jnp.where(mask.any(), jnp.where(mask, values, jnp.inf).min(), jnp.nan),
+      "value_max": jnp.where(mask.any(), jnp.where(mask, values, -jnp.inf).max(), jnp.nan),
       "action_tokens": mask.sum(dtype=jnp.float32),
       "reward_mean": jnp.where(real, batch.reward, 0.0).sum() / jnp.maximum(real.sum(), 1),
   }

@@ -9,6 +9,8 @@
     ``rollout.kv_on_update``, ``rollout.staleness_policy``, ``rollout.backend``, ``model.dtype``,
     ``model.param_dtype``, ``task.name``, ``log.progress``, ``distributed.cpu_collectives``),
   * numeric ranges (``eps_low in [0, 1)``, ``K >= 1``, ``lam_critic in [0, 1]``, ...),
+  * ``run_dir``: a folder (or one that can be created) this user can write to;
+    ``model.checkpoint_dir``: a Hugging Face folder or a run's ``checkpoints/`` folder,
   * cross-field rules (a grpo mode needs ``group_size >= 2`` dividing ``batch_size``, a grpo
     estimator needs a grpo mode, ``aggregation='sum_norm'`` needs ``loss_norm_constant > 0``,
     a staleness policy needs ``max_staleness >= 0``, a batch that splits over the devices, a mesh
@@ -380,6 +382,60 @@ def _mesh_problems(config, flat, num_devices: int) -> list[str]:
   return []
 
 
+def run_dir_problems(run_dir: str) -> list[str]:
+  """``run_dir`` must be a folder this user can create files in, or one it can create: not
+  empty, not an existing file (nor below one), and its nearest existing folder writable. Reads
+  the file system only (nothing is created)."""
+  fix = "give a folder path, e.g. --config.run_dir=runs/my_run (created if missing)"
+  if not run_dir:
+    return [f"config.run_dir = '': empty; fix: {fix}"]
+  path = os.path.abspath(os.path.expanduser(run_dir))
+  existing = path
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    where = ("is an existing file, not a folder" if existing == path
+             else f"is below the file {existing}")
+    return [f"config.run_dir = {run_dir!r}: {where}; fix: {fix}"]
+  if not os.access(existing, os.W_OK | os.X_OK):
+    what = "this folder" if existing == path else f"its parent {existing}"
+    return [f"config.run_dir = {run_dir!r}: {what} is not writable by this user (results, "
+            "checkpoints and logs go there); fix: use a folder you can write to, e.g. "
+            "--config.run_dir=$HOME/sao_runs/my_run, or change the folder's permissions"]
+  return []
+
+
+def checkpoint_dir_problems(checkpoint_dir: str) -> list[str]:
+  """``model.checkpoint_dir`` ("" = none) must be a Hugging Face folder (``config.json``) or a
+  sao_jax checkpoints folder holding at least one complete step (a folder named by its step;
+  orbax's half-written ones carry a suffix). A run folder is refused pointing at its
+  ``checkpoints/`` subfolder. Reads the file system only."""
+  if not checkpoint_dir:
+    return []
+  from sao_jax.pretrained import is_run_folder  # pylint: disable=import-outside-toplevel
+  d = checkpoint_dir
+  fix = ("give a Hugging Face folder (config.json + *.safetensors + tokenizer.json) or a sao_jax "
+         "run's checkpoints folder, e.g. --config.model.checkpoint_dir=runs/arith_tool/checkpoints")
+  if not os.path.exists(d):
+    return [f"config.model.checkpoint_dir = {d!r}: does not exist; fix: {fix}"]
+  if not os.path.isdir(d):
+    return [f"config.model.checkpoint_dir = {d!r}: is a file, not a folder; fix: {fix}"]
+  inner = os.path.join(d, "checkpoints")
+  if is_run_folder(d):
+    if os.path.isdir(inner):
+      return [f"config.model.checkpoint_dir = {d!r}: is a run folder; its checkpoints are in "
+              f"{inner}; fix: --config.model.checkpoint_dir={inner}"]
+    return [f"config.model.checkpoint_dir = {d!r}: is a run folder without checkpoints (its run "
+            "had checkpoint.every_steps=0 and saved none); fix: train with checkpoints, or "
+            f"{fix[0].lower() + fix[1:]}"]
+  if os.path.isfile(os.path.join(d, "config.json")):
+    return []  # a Hugging Face folder: its loader checks the rest
+  if not any(n.isdigit() and os.path.isdir(os.path.join(d, n)) for n in os.listdir(d)):
+    return [f"config.model.checkpoint_dir = {d!r}: holds no complete checkpoint (no step folder "
+            f"such as {os.path.join(d, '100')}, no config.json); fix: {fix}"]
+  return []
+
+
 def _coordinated(config) -> bool:
   """True when ``jax.distributed`` will be started (then no JAX call may come before it)."""
   address = (config.get("distributed") or {}).get("coordinator_address", "")
@@ -437,6 +493,10 @@ def validate_config(config, num_devices: Optional[int] = None) -> None:
       problems.append(f"config.{field} = {flat[field]!r}: {what}; fix: {fix}")
   if num_devices is not None:
     problems.extend(_mesh_problems(config, flat, num_devices))
+  if isinstance(flat.get("run_dir"), str) and "run_dir" not in bad:
+    problems.extend(run_dir_problems(flat["run_dir"]))
+  if isinstance(flat.get("model.checkpoint_dir"), str) and "model.checkpoint_dir" not in bad:
+    problems.extend(checkpoint_dir_problems(flat["model.checkpoint_dir"]))
   model = config.get("model", {})
   if (not model.get("checkpoint_dir") and not model.get("gguf", "")
       and not config.get("allow_random_init", False)):
@@ -445,6 +505,23 @@ def validate_config(config, num_devices: Optional[int] = None) -> None:
                     "(or use the ':smoke' variant for a tiny random model)")
   if problems:
     raise ConfigError(problems)
+
+
+def config_warnings(config) -> list[str]:
+  """Lines to print at the start of a run for valid but probably unintended settings (the
+  driver prints each once, on process 0):
+    * a PPO-family objective (ppo_clip, tis, icepop) with ``train.policy_minibatches=1``: one
+      update per batch, so its ratio pi / pi_old is 1 at that update and the PPO clip never
+      acts (README, "paper name" table)."""
+  flat = _flatten(config)
+  _, objective, _ = _resolved(flat)
+  out = []
+  if objective in _PPO_FAMILY and flat.get("train.policy_minibatches", 1) == 1:
+    out.append(f"warning: train.objective resolves to {objective!r} with "
+               "train.policy_minibatches=1: one update per batch, so the PPO ratio pi / pi_old "
+               "is 1 and the clip never acts; for PPO-style clipping use e.g. "
+               "--config.train.policy_minibatches=4 (SAO's DIS needs no mini-batches).")
+  return out
 
 
 def _similar(a: str, b: str) -> bool:
