@@ -98,6 +98,31 @@ def test_chunked_logprobs_and_entropy_equal_the_full_computation(tie):
   _assert_trees_close(metric_grads, logp_grads, tol=1e-7)
 
 
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_chunked_logprobs_in_bfloat16(tie):
+  """bfloat16 params and compute: the chunked path gives the full path's log-probs (the same
+  logits per position) and gradients of the same dtype within bfloat16 rounding (head gradients
+  accumulate over chunks in float32)."""
+  cfg = presets.get_preset("tiny-qwen3", tie_embeddings=tie, vocab_size=V, dtype="bfloat16",
+                           param_dtype="bfloat16")
+  g, st = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+  params = nnx.to_pure_dict(st)
+  tokens, where, w = _data()
+
+  def loss(p, chunk):
+    logp, ent = steps.policy_logprobs(g, p, tokens, where, chunk=chunk, entropy="grad")
+    return (logp * w).sum() + 0.3 * (ent * w).sum(), logp
+
+  fn = jax.jit(jax.value_and_grad(loss, has_aux=True), static_argnums=1)
+  (_, ref), ref_g = fn(params, 0)
+  (_, got), got_g = fn(params, 5)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(ref), atol=1e-4, rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(got_g), jax.tree.leaves(ref_g)):
+    assert a.dtype == b.dtype == jnp.bfloat16
+  _assert_trees_close(jax.tree.map(lambda x: x.astype(jnp.float32), got_g),
+                      jax.tree.map(lambda x: x.astype(jnp.float32), ref_g), tol=2e-2)
+
+
 def test_chunks_without_needed_positions_are_skipped():
   """Each row's needed positions move to its front, so with at most 3 per row and 2 positions
   per chunk only the first 2 of ceil(21 / 2) = 11 chunks run the LM head, in the forward and in
@@ -108,7 +133,7 @@ def test_chunks_without_needed_positions_are_skipped():
   where[0, [3, 9, 20]] = True
   where[2, [5, 6]] = True
   calls = []
-  model_head, leaves = steps._head_of(g, params, jnp.zeros((1, 1, 64)))  # pylint: disable=protected-access
+  model_head, leaves = steps.lm_head_of(g, params, jnp.zeros((1, 1, 64)))
 
   def head(ls, h):
     jax.debug.callback(lambda: calls.append(1))

@@ -10,7 +10,13 @@ to token t, whose log-prob comes from the logits at position t-1 (token 0 is nev
 ``microbatches`` M > 1 accumulates gradients over M interleaved micro-batches in a
 ``lax.scan`` and gives the same loss and gradients as one pass over the whole batch (token means
 use the whole batch's action-token count). ``constrain(x, kind)`` adds activation sharding
-hints ("logits" [B, T, V], "tokens" [B, T]); the identity on one device.
+hints ("logits": one chunk's [B, c, V], or [B, T, V] on the unchunked path; "tokens": [B, T]
+and [B, T, D] row-major arrays); the identity on one device.
+
+Memory: the policy's log-probs and entropy come from the final hidden states through the LM
+head in chunks, at action tokens only (``policy_logprobs``: no float32 ``[B, T, V]``); the
+critic differentiates only its trainable leaves (``critic_update(frozen_patterns=...)``); the
+targets and the first critic update share one critic forward (``targets_and_critic_update``).
 """
 
 from __future__ import annotations
@@ -189,12 +195,13 @@ def chunk_positions(chunk_tokens: int, rows: int, length: int, row_shards: int =
   return max(1, min(length, chunk_tokens // per_device))
 
 
-def _head_of(graphdef, params, hidden_like):
+def lm_head_of(graphdef, params, hidden_like):
   """(head_fn, head_leaves): the model's LM head (``Transformer.logits_from_hidden``) as a
   function of only the parameter leaves it reads, found by tracing it once, so any head (tied,
   untied, with a bias or a cast) is differentiated as the model defines it and the chunked
-  backward accumulates gradients for those leaves alone. head_fn(leaves, h [..., D]) -> float32
-  (float64 for a float64 model) logits [..., V]."""
+  backward accumulates gradients for those leaves alone. head_fn(leaves, h [..., D]) -> logits
+  [..., V] as the model returns them (float32; the chunked path computes in float32, as
+  ``token_logprobs`` does)."""
   leaves, treedef = jax.tree.flatten(params)
   shapes = [jax.ShapeDtypeStruct(jnp.shape(x), x.dtype) for x in leaves]
   h_spec = jax.ShapeDtypeStruct((1, 1, hidden_like.shape[-1]), hidden_like.dtype)
@@ -237,7 +244,9 @@ def _chunked_head(head_fn, temperature: float, entropy: str, constrain):
   def stats(z, tc):
     """z: [.., V] float32 already / temperature -> (logp, entropy, lse), each [..]."""
     lse = jax.nn.logsumexp(z, axis=-1)
-    lp = jnp.take_along_axis(z, tc[..., None], axis=-1)[..., 0] - lse
+    # a masked sum, not a gather: exact, and local to each shard of a vocab-sharded chunk
+    picked = jnp.sum(jnp.where(jnp.arange(z.shape[-1]) == tc[..., None], z, 0.0), axis=-1)
+    lp = picked - lse
     if not with_entropy:
       return lp, jnp.zeros_like(lp), lse
     logp_all = z - lse[..., None]  # fused into the reduction, never stored
@@ -304,7 +313,7 @@ def hidden_logprobs(head_fn, head_leaves, hidden: jax.Array, tokens: jax.Array,
   positions of every row at a time (``_chunked_head``); chunks past every row's last needed
   position are skipped. No float32 array larger than ``[B, chunk, V]`` is ever written.
 
-  head_fn / head_leaves: from ``_head_of``; hidden: [B, T, D] (compute dtype); tokens: int
+  head_fn / head_leaves: from ``lm_head_of``; hidden: [B, T, D] (compute dtype); tokens: int
   [B, T]; where: bool [B, T]; chunk: positions per row per chunk (``chunk_positions``) >= 1;
   entropy: "off" (returns None), "metric" (computed, no gradient) or "grad" (differentiated).
   Returns (logp float32 [B, T], entropy float32 [B, T] or None). Raises ValueError on a bad
@@ -365,7 +374,7 @@ def policy_logprobs(graphdef, params, tokens: jax.Array, where: jax.Array, *, ch
     ent = jnp.where(where, ent, 0.0)
     return logp, (ent if entropy == "grad" else jax.lax.stop_gradient(ent))
   hidden, _ = model.hidden(tokens, pos)
-  head_fn, head_leaves = _head_of(graphdef, params, hidden)
+  head_fn, head_leaves = lm_head_of(graphdef, params, hidden)
   return hidden_logprobs(head_fn, head_leaves, hidden, tokens, where, chunk=chunk,
                          temperature=temperature, entropy=entropy, constrain=constrain)
 
