@@ -207,5 +207,5 @@ def learner_steps(graphdef, params, critic_graphdef, critic_params, lr: float, *
   cfg = LearnerConfig.from_config(configs.load("arith_tool"), policy_lr=lr, critic_lr=lr,
                                   critic_lr_warmup_steps=0, **train)
   learner = Learner(cfg, graphdef, params, critic_graphdef, critic_params, pad_id=0)
-  _, critic_step, policy_step, _ = learner.jitted_steps()
+  _, critic_step, policy_step, _, _ = learner.jitted_steps()
   return learner, policy_step, critic_step

@@ -130,6 +130,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.loss_norm_constant = 0  # sum_norm divisor (e.g. max response tokens); 0 = unset
   c.train.kl_coef = 0.0           # k3 KL(pi || pi_ref) penalty, ref = the warm-started policy
   c.train.entropy_coef = 0.0      # entropy bonus coefficient
+  c.train.logprob_chunk = 512     # tokens per device per chunk of the LM head's log-probs
+                                  # (action tokens only; 0 = full [B, T, V] logits)
   c.train.baseline_window = 8     # running_mean_prompt: last N rewards of the same prompt (paper 8)
   c.train.global_baseline_window = 128  # running_mean_global: last N rewards overall (paper 128)
   c.train.bootstrap_truncated = False  # truncated trajectories bootstrap from V(last state), not 0

@@ -75,6 +75,7 @@ class LearnerConfig:
   batch_length: int
   tokens_per_device: int
   serving_dtype: str = "float32"
+  logprob_chunk: int = steps.LOGPROB_CHUNK
 
   @classmethod
   def from_config(cls, config, **overrides) -> "LearnerConfig":
@@ -113,7 +114,8 @@ class LearnerConfig:
         center_advantages=t["center_advantages"], temperature=config.rollout.temperature,
         batch_length=config.model.max_seq_len,
         tokens_per_device=int(config.mesh.tokens_per_device),
-        serving_dtype=config.model.get("param_dtype", "float32"))
+        serving_dtype=config.model.get("param_dtype", "float32"),
+        logprob_chunk=int(t["logprob_chunk"]))
 
   @property
   def band(self) -> tuple[float, float]:
@@ -209,7 +211,15 @@ class Learner:
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
   def jitted_steps(self, microbatches: int = 1):
-    """The jitted steps for ``microbatches`` micro-batches: (targets, critic, policy, metrics).
+    """The jitted steps for ``microbatches`` micro-batches: (targets, critic, policy, metrics,
+    first_critic).
+
+    ``first_critic(critic_state, batch) -> (critic_state, metrics, targets)`` is
+    ``steps.targets_and_critic_update``: the targets and the first of the K critic updates from
+    one critic forward (None without a critic); ``targets`` serves critic-free estimators.
+    The critic differentiates only its trainable leaves (``critic_frozen_patterns``); the
+    policy's log-probs come from the LM head in chunks of ``train.logprob_chunk`` tokens per
+    device at action tokens only.
 
     Shardings: params and optimizer states as ``sharding.make_step_shardings`` lays them out
     (the model's logical axes); batch rows along the mesh's ``batch`` axes; metrics replicated.
@@ -219,22 +229,30 @@ class Learner:
     cfg, (pg, cg) = self.cfg, self._graphdefs
     rep = NamedSharding(self.mesh, P())
     rows = self.batch_sharding
+    target_kwargs = dict(estimator=self.spec.estimator, gamma=cfg.gamma,
+                         lam_policy=cfg.lam_policy, lam_alpha=cfg.lam_alpha,
+                         lam_critic=cfg.lam_critic, bootstrap_truncated=cfg.bootstrap_truncated,
+                         grpo_eps=cfg.grpo_eps, value_bounds=cfg.value_bounds,
+                         center_advantages=cfg.center_advantages)
     targets = jax.jit(
-        functools.partial(steps.advantage_targets, cg, estimator=self.spec.estimator,
-                          gamma=cfg.gamma, lam_policy=cfg.lam_policy, lam_alpha=cfg.lam_alpha,
-                          lam_critic=cfg.lam_critic, bootstrap_truncated=cfg.bootstrap_truncated,
-                          grpo_eps=cfg.grpo_eps, value_bounds=cfg.value_bounds,
-                          center_advantages=cfg.center_advantages, constrain=self._constrain),
+        functools.partial(steps.advantage_targets, cg, **target_kwargs,
+                          constrain=self._constrain),
         in_shardings=(self.critic_sh.params if self.critic_sh else None, rows),
         out_shardings=rows)
-    critic = None
+    critic = first = None
     if self.uses_critic:
+      critic_kwargs = dict(value_clip_eps=cfg.value_clip_eps, microbatches=microbatches,
+                           constrain=self._constrain,
+                           frozen_patterns=cfg.critic_frozen_patterns)
       critic = jax.jit(
-          functools.partial(steps.critic_update, cg, self.critic_tx,
-                            value_clip_eps=cfg.value_clip_eps, microbatches=microbatches,
-                            constrain=self._constrain),
+          functools.partial(steps.critic_update, cg, self.critic_tx, **critic_kwargs),
           in_shardings=(self.critic_sh.state, rows, rows),
           out_shardings=(self.critic_sh.state, rep), donate_argnums=0)
+      first = jax.jit(
+          functools.partial(steps.targets_and_critic_update, cg, self.critic_tx,
+                            target_kwargs=target_kwargs, **critic_kwargs),
+          in_shardings=(self.critic_sh.state, rows),
+          out_shardings=(self.critic_sh.state, rep, rows), donate_argnums=0)
     eps_low, eps_high = cfg.band
     kwargs = dict(cfg.objective_kwargs)
     if self.spec.objective != "reinforce":
@@ -247,12 +265,13 @@ class Learner:
         functools.partial(steps.policy_update, pg, self.policy_tx, objective=self.spec.objective,
                           objective_kwargs=kwargs, temperature=cfg.temperature,
                           microbatches=microbatches, minibatches=cfg.policy_minibatches,
-                          constrain=self._constrain),
+                          constrain=self._constrain, logprob_chunk=cfg.logprob_chunk,
+                          row_shards=self._shards),
         in_shardings=(self.policy_sh.state, rows, rows,
                       self.policy_sh.params if self._ref is not None else None),
         out_shardings=(self.policy_sh.state, rep), donate_argnums=0)
     metrics = jax.jit(steps.batch_metrics, in_shardings=(rows, rows, rep), out_shardings=rep)
-    self._jitted[microbatches] = (targets, critic, policy, metrics)
+    self._jitted[microbatches] = (targets, critic, policy, metrics, first)
     return self._jitted[microbatches]
 
   # ---- batches -------------------------------------------------------------------------------
@@ -310,27 +329,35 @@ class Learner:
   def step(self, batch: Batch, policy_version: int, microbatches: int = 1) -> dict:
     """One policy step of the configured mode: targets, K critic updates, one policy update.
 
-    Returns float metrics (the same on every process) and ``staleness_hist`` (list of int:
-    entry s = action tokens with staleness s against ``policy_version``)."""
-    targets_fn, critic_fn, policy_fn, metrics_fn = self.jitted_steps(microbatches)
-    targets = targets_fn(self.critic.params if self.uses_critic else None, batch)
-    out = {}
-    for _ in range(self.cfg.critic_updates_per_step if self.uses_critic else 0):
-      self.critic, out = critic_fn(self.critic, batch, targets)
+    The targets come from the critic before its updates, in the same jitted call as the first
+    update (one forward for both); the other K - 1 updates use the same fixed targets.
+    Returns float metrics (the same on every process; the critic's from its last update) and
+    ``staleness_hist`` (list of int: entry s = action tokens with staleness s against
+    ``policy_version``)."""
+    _, _, policy_fn, metrics_fn, _ = self.jitted_steps(microbatches)
+    targets, out = self._targets_and_critic_updates(batch, microbatches)
     self.policy, policy_metrics = policy_fn(self.policy, batch, targets["advantages"], self._ref)
     out = {**out, **policy_metrics, **metrics_fn(batch, targets, jnp.int32(policy_version))}
     return _to_host(out, self.uses_critic)
+
+  def _targets_and_critic_updates(self, batch: Batch, microbatches: int):
+    """(targets, metrics of the last critic update): K critic updates on targets from the
+    critic before them (no updates, {} metrics, without a critic)."""
+    targets_fn, critic_fn, _, _, first_fn = self.jitted_steps(microbatches)
+    if not self.uses_critic or self.cfg.critic_updates_per_step < 1:
+      return targets_fn(self.critic.params if self.uses_critic else None, batch), {}
+    self.critic, out, targets = first_fn(self.critic, batch)
+    for _ in range(self.cfg.critic_updates_per_step - 1):
+      self.critic, out = critic_fn(self.critic, batch, targets)
+    return targets, out
 
   def critic_only_step(self, batch: Batch, microbatches: int = 1) -> dict:
     """Value pre-training: K critic updates on rollouts of the current policy, no policy
     update. Returns {} for a critic-free estimator."""
     if not self.uses_critic:
       return {}
-    targets_fn, critic_fn, _, metrics_fn = self.jitted_steps(microbatches)
-    targets = targets_fn(self.critic.params, batch)
-    out = {}
-    for _ in range(self.cfg.critic_updates_per_step):
-      self.critic, out = critic_fn(self.critic, batch, targets)
+    metrics_fn = self.jitted_steps(microbatches)[3]
+    targets, out = self._targets_and_critic_updates(batch, microbatches)
     m = metrics_fn(batch, targets, jnp.int32(0))
     out = {**out, **{k: m[k] for k in ("explained_variance", "value_min", "value_max")}}
     return _to_host(out, True)
@@ -373,13 +400,14 @@ class Learner:
       self.critic = states["critic"]
 
   def compilations(self) -> dict[str, int]:
-    """Compiled executables per jitted step (1 each once warm: no recompiles)."""
-    names = ("targets", "critic", "policy", "metrics")
+    """Compiled executables per jitted step that ran (1 each once warm: no recompiles)."""
+    names = ("targets", "critic", "policy", "metrics", "first_critic")
     out: dict[str, int] = {}
     for fns in self._jitted.values():
       for n, f in zip(names, fns):
-        if f is not None:
-          out[n] = out.get(n, 0) + f._cache_size()  # pylint: disable=protected-access
+        size = f._cache_size() if f is not None else 0  # pylint: disable=protected-access
+        if size:
+          out[n] = out.get(n, 0) + size
     return out
 
 

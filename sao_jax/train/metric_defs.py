@@ -84,8 +84,9 @@ METRICS: dict[str, MetricDef] = {
     "return_mean": _m("return", "critic", "mean lambda=1 return target R over action tokens"),
     "value_clipped_fraction": _m("fraction", "critic", "action tokens where PPO-style value "
                                  "clipping was active (0 unless clipping is on)"),
-    "critic_grad_norm": _m("norm", "critic", "global gradient norm of the critic before "
-                           "clipping (paper: 3-5 with frozen attention)"),
+    "critic_grad_norm": _m("norm", "critic", "global gradient norm of the critic's trainable "
+                           "parameters (frozen attention excluded) before clipping (paper: 3-5 "
+                           "with frozen attention)"),
     "critic_router_aux_loss": _m("loss", "critic", "MoE critic with model.router_aux_loss_coef "
                                  "> 0: router load-balancing loss over action tokens, last of "
                                  "the K critic updates; value_loss includes coef x this"),

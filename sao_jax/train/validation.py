@@ -200,6 +200,8 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
       ("train.entropy_coef", nonneg, "must be >= 0 (a bonus; a negative value penalises "
        "entropy)", "use 0.0 (off) or e.g. 1e-3"),
       ("train.kl_coef", nonneg, "must be >= 0", "use 0.0 (off) or e.g. 1e-3"),
+      ("train.logprob_chunk", nonneg, "must be >= 0 (tokens per device per chunk of the LM "
+       "head; 0 = no chunking)", "use 512"),
       ("train.loss_norm_constant", nonneg, "must be >= 0 (0 = unset)",
        "use 0, or e.g. the maximum response length with aggregation='sum_norm'"),
       ("train.aggregation",
