@@ -128,9 +128,18 @@ def one_device_mesh():
   return sharding.make_mesh({"data": 1}, devices=jax.local_devices()[:1])
 
 
+def is_abstract(tree) -> bool:
+  """True when every leaf of ``tree`` is a ``jax.ShapeDtypeStruct`` (shapes only, no values)."""
+  leaves = jax.tree.leaves(tree)
+  return bool(leaves) and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+
+
 def _put(tree, shardings):
   """Host pytree (the same values on every process) -> new global arrays with ``shardings``.
-  Always a copy: the learner owns (and donates) what it holds, never the caller's arrays."""
+  Always a copy: the learner owns (and donates) what it holds, never the caller's arrays.
+  An abstract tree (``is_abstract``) gives ``ShapeDtypeStruct``s with ``shardings``."""
+  if is_abstract(tree):
+    return sharding.abstract_like(tree, shardings)
   return jax.tree.map(
       lambda x, s: jax.make_array_from_callback(np.shape(x), s,
                                                 lambda i, x=x: np.asarray(x)[i]),
@@ -149,7 +158,9 @@ class Learner:
     mesh: a ``jax.sharding.Mesh`` (``sharding.make_mesh``); None = one device.
 
   The params are copied onto the mesh (the caller's arrays stay valid; the learner's own states
-  are donated to its steps). Raises ValueError on a bad config (as ``LearnerConfig``) or a
+  are donated to its steps). Abstract params (every leaf a ``jax.ShapeDtypeStruct``) give
+  abstract states (``ShapeDtypeStruct`` leaves with the mesh's shardings) and no device memory:
+  ``jitted_steps()[i].lower(...)`` then compiles the steps ahead of time (``sao_jax.plan``). Raises ValueError on a bad config (as ``LearnerConfig``) or a
   freeze pattern that matches no critic parameter.
   """
 
@@ -189,6 +200,9 @@ class Learner:
 
   @staticmethod
   def _init_state(params, tx, sh):
+    if is_abstract(params):  # shapes only: the states' shapes with their shardings
+      return sharding.abstract_like(
+          jax.eval_shape(lambda p: steps.TrainState.create(p, tx), params), sh.state)
     create = jax.jit(lambda p: steps.TrainState.create(p, tx), in_shardings=(sh.params,),
                      out_shardings=sh.state)
     return create(_put(params, sh.params))
