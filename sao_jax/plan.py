@@ -7,30 +7,34 @@ jitted steps (targets, critic update, policy update: ``Learner.jitted_steps``, t
 functions training runs) on the config's mesh and batch shapes, and the rollout engine's prefill
 and one decode step (``SAOEngine``) on one chip -- with abstract parameters
 (``jax.ShapeDtypeStruct``: no weights, no accelerator). XLA's TPU compiler (``libtpu``) gives
-each program's per-chip memory (``memory_analysis``: argument, output, temporary bytes) and
-FLOPs (``cost_analysis``). Printed: one row per program with its per-chip GB against the chip's
-HBM, whether it fits, the FLOPs of one policy step and the step time they imply at ``--mfu``
-of the chip's peak bf16 FLOP/s. Exit status 0 when everything fits, 1 when a program does not
-(the message names the config fields to change), 2 when ``libtpu`` is missing or the
-arguments are wrong. ``docs/scale.md`` explains the numbers and holds the table for the
-paper's models.
+each program's per-chip memory (``memory_analysis``). Printed: one row per program with its
+per-chip GB against the chip's HBM and whether it fits, the FLOPs of one policy step and the step
+time they imply at ``--mfu`` of the chip's peak bf16 FLOP/s. Exit status 0 when everything
+fits, 1 when a program does not (the message names the config fields to change), 2 when
+``libtpu`` is missing or the arguments are wrong. ``docs/scale.md`` explains the numbers and
+holds the table for the paper's models.
 
 How the numbers are formed (per chip):
 
-* total = argument + output - alias + temp + resident. ``alias`` is the output memory that
-  reuses a donated argument (the train states); ``resident`` is what the learner keeps on the
-  chips while the program runs without passing it in (the other model's train state, the
-  batch, the targets). The engine is planned alone on its chip (params replicated, every slot's
-  KV cache), as ``rollout/placement.py`` places it beside a trainer.
-* FLOPs: XLA's cost analysis counts a loop body once, so the micro-batched updates (a
-  ``lax.scan`` over ``mesh.tokens_per_device`` micro-batches) are costed as one micro-batch's
-  update compiled without the loop, times the micro-batch count (the optimizer update, a few
-  FLOPs per parameter, is then counted once per micro-batch instead of once).
+* total = argument + output - alias + temp + other. ``alias`` is the output memory that reuses
+  a donated argument (the train states); ``other`` is what the learner keeps on the chips while
+  the program runs without passing it in (the other model's train state, the batch, the
+  targets). The engine is planned alone on its chip (params replicated, every slot's KV cache),
+  as ``rollout/placement.py`` places it beside a trainer.
+* A program XLA refuses at the chip's HBM (RESOURCE_EXHAUSTED, after it tried to fit it) does
+  not fit; its temporaries come from XLA's message, its argument and output bytes from the
+  abstract shapes. A compiler crash (libtpu segfaults on some programs) loses that program
+  only: the compiles run in a child process, restarted after a crash.
+* FLOPs are model FLOPs: XLA's cost analysis of the learner's steps as traced on one CPU device
+  (seconds, nothing compiled) on the whole batch at full depth, divided by the chip count. The
+  compiled TPU programs' own counts are not used: XLA counts a loop body once (the micro-batch
+  ``lax.scan``, and loops the TPU compiler makes of collective matmuls), and partitioned
+  programs repeat work on several chips.
 * Depth: layers are Python-unrolled, so a 48-layer compile takes long. By default the programs
-  are compiled at 1 and 2 layers (``--depths``) and every byte and FLOP count is extrapolated
-  linearly to the model's depth (``q(L) = q(1) + (q(2) - q(1)) (L - 1)``: exact for parameters,
-  optimizer state and FLOPs, an estimate for XLA's temporaries); such rows say so.
-  ``--depths=full`` compiles the whole model; ``--layers=N`` plans an N-layer model.
+  are compiled at 1 and 2 layers (``--depths``) and every byte count is extrapolated linearly
+  to the model's depth (``q(L) = q(1) + (q(2) - q(1)) (L - 1)``: exact for parameters and
+  optimizer state, an estimate for XLA's temporaries); the table says so. ``--depths=full``
+  compiles the whole model; ``--layers=N`` plans an N-layer model.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import importlib.util  # pylint: disable=wrong-import-position
 import json  # pylint: disable=wrong-import-position
 import math  # pylint: disable=wrong-import-position
 import re  # pylint: disable=wrong-import-position
+import subprocess  # pylint: disable=wrong-import-position
 import sys  # pylint: disable=wrong-import-position
 import time  # pylint: disable=wrong-import-position
 from typing import Any, Optional, Sequence  # pylint: disable=wrong-import-position
@@ -218,7 +223,8 @@ class Program:
   resident: float
   flops: float
   xla_peak: float = 0.0  # XLA's own peak estimate (``peak_memory_in_bytes``), for comparison
-  refused: bool = False  # XLA refused it at the chip's HBM (measured with the limit raised)
+  refused: bool = False  # XLA refused it at the chip's HBM (bytes from its message)
+  crashed: bool = False  # the compiler crashed on it: nothing is known
   calls: int = 1
   learner: bool = True
   key: str = ""  # "targets" / "critic" / "policy" for the learner's steps
@@ -298,10 +304,12 @@ class _Steps:
   targets: Any
 
 
-def _abstract_steps(config, mcfg, mesh, micro: Optional[int] = None, **overrides) -> _Steps:
+def _abstract_steps(config, mcfg, mesh, micro: Optional[int] = None, rows: int = 0,
+                    **overrides) -> _Steps:
   """``Learner`` on ``mesh`` with abstract params of ``mcfg`` (``LearnerConfig`` fields replaced
-  by ``overrides``), its steps for ``micro`` micro-batches (default: the learner's plan for
-  ``train.batch_size`` rows of ``model.max_seq_len`` tokens) and their abstract arguments."""
+  by ``overrides``), its steps for ``micro`` micro-batches and ``rows`` rows (default: the
+  learner's plan for ``train.batch_size`` rows of ``model.max_seq_len`` tokens) and their
+  abstract arguments."""
   import jax  # pylint: disable=import-outside-toplevel
   from sao_jax.models.transformer import Critic, Transformer  # pylint: disable=import-outside-toplevel
   from sao_jax.train.learner import Learner, LearnerConfig  # pylint: disable=import-outside-toplevel
@@ -311,8 +319,9 @@ def _abstract_steps(config, mcfg, mesh, micro: Optional[int] = None, **overrides
   cg, cp = abstract_params(Critic, mcfg) if cfg.spec.uses_critic else (None, None)
   learner = Learner(cfg, pg, pp, cg, cp, pad_id=0, vocab_size=mcfg.vocab_size, mesh=mesh)
   length = int(config.model.max_seq_len)
-  rows, planned = learner.plan(int(config.train.batch_size), length)
+  planned_rows, planned = learner.plan(int(config.train.batch_size), length)
   micro = planned if micro is None else micro
+  rows = rows or planned_rows
   fns = learner.jitted_steps(micro)
   batch = abstract_batch(rows, length, learner.batch_sharding)
   critic = learner.critic.params if learner.uses_critic else None
@@ -320,12 +329,19 @@ def _abstract_steps(config, mcfg, mesh, micro: Optional[int] = None, **overrides
   return _Steps(learner, rows, length, micro, fns, batch, critic, targets)
 
 
-def learner_programs(config, mcfg, mesh, log=print) -> tuple[list[Program], dict]:
-  """Compiles the learner's steps for ``mesh`` (TPU devices) with abstract params of ``mcfg``.
+LEARNER_PROGRAMS = ("targets", "critic", "policy")
+ENGINE_PROGRAMS = ("prefill", "decode")
 
-  Returns (programs, info): targets, critic update (``calls`` = K per policy step) and policy
-  update with their per-chip bytes (FLOPs: ``learner_flops``); info holds the rows, length,
-  micro-batches, critic updates and tokens per step."""
+
+def learner_programs(config, mcfg, mesh, keys: Sequence[str] = LEARNER_PROGRAMS,
+                     log=print, on_start=None, on_done=None) -> tuple[list[Program], dict]:
+  """Compiles the learner's steps named in ``keys`` ("targets", "critic", "policy") for ``mesh``
+  (TPU devices) with abstract params of ``mcfg``.
+
+  Returns (programs, info): per-chip bytes of each step (FLOPs: ``learner_flops``; the critic
+  update's ``calls`` = K per policy step); info holds the rows, length, micro-batches, critic
+  updates and tokens per step. A critic-free estimator has no critic update. ``on_start(key)``
+  and ``on_done(program)`` are called around each compile."""
   st = _abstract_steps(config, mcfg, mesh)
   learner, (targets_fn, critic_fn, policy_fn, _) = st.learner, st.fns
   ref = learner._ref  # pylint: disable=protected-access
@@ -336,28 +352,32 @@ def learner_programs(config, mcfg, mesh, log=print) -> tuple[list[Program], dict
   label = f"{st.micro} micro-batch{'es' if st.micro > 1 else ''}"
   names = {"targets": f"targets ({st.rows}x{st.length})", "critic": f"critic update ({label})",
            "policy": f"policy update ({label}" + (f", {minis} mini-batches)" if minis > 1 else ")")}
-  compiled = {}
-  log(f"  compiling {names['targets']}")
-  compiled["targets"] = _compile(targets_fn, st.critic_params, st.batch)
-  if learner.uses_critic:
-    log(f"  compiling {names['critic']}")
-    compiled["critic"] = _compile(critic_fn, learner.critic, st.batch, st.targets)
-  log(f"  compiling {names['policy']}")
-  compiled["policy"] = _compile(policy_fn, learner.policy, st.batch, st.targets["advantages"],
-                                ref)
+  calls = {"targets": (targets_fn, (st.critic_params, st.batch)),
+           "critic": (critic_fn, (learner.critic, st.batch, st.targets)),
+           "policy": (policy_fn, (learner.policy, st.batch, st.targets["advantages"], ref))}
   out = []
-  for name, (n, s) in compiled.items():
-    extra = chip_bytes(st.targets) if name != "targets" else 0  # the targets outlive it
-    out.append(Program(names[name], resident=held + extra - n["argument"], compile_s=s,
-                       calls=k if name == "critic" else 1, key=name, **n))
+  for key in keys:
+    if key == "critic" and not learner.uses_critic:
+      continue
+    log(f"  compiling {names[key]}")
+    if on_start:
+      on_start(key)
+    n, s = _compile(calls[key][0], *calls[key][1])
+    extra = chip_bytes(st.targets) if key != "targets" else 0  # the targets outlive it
+    out.append(Program(names[key], resident=held + extra - n["argument"], compile_s=s,
+                       calls=k if key == "critic" else 1, key=key, **n))
+    if on_done:
+      on_done(out[-1])
   info = dict(rows=st.rows, length=st.length, microbatches=st.micro, policy_minibatches=minis,
-              critic_updates=k, tokens_per_step=st.rows * st.length)
+              critic_updates=k, tokens_per_step=st.rows * st.length,
+              mesh={name: int(size) for name, size in mesh.shape.items()})
   return out, info
 
 
-def learner_flops(config, mcfg) -> dict[str, float]:
-  """Model FLOPs of each learner step on the whole batch: {"targets", "critic", "policy"} (one
-  call each; "critic" absent for a critic-free estimator).
+def learner_flops(config, mcfg, rows: int = 0) -> dict[str, float]:
+  """Model FLOPs of each learner step on the whole batch of ``rows`` rows (default: the plan
+  for one device): {"targets", "critic", "policy"} (one call each; "critic" absent for a
+  critic-free estimator).
 
   Counted by XLA's cost analysis of the steps as traced (``Lowered.cost_analysis`` on one CPU
   device: seconds, nothing compiled), at full depth, with one micro-batch and one mini-batch --
@@ -371,7 +391,7 @@ def learner_flops(config, mcfg) -> dict[str, float]:
   if "scan_layers" in {f.name for f in dataclasses.fields(mcfg)}:  # a scan counts as one layer
     mcfg = dataclasses.replace(mcfg, scan_layers=False)
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices("cpu")[:1])
-  st = _abstract_steps(config, mcfg, mesh, micro=1, policy_minibatches=1)
+  st = _abstract_steps(config, mcfg, mesh, micro=1, rows=rows, policy_minibatches=1)
   learner, (targets_fn, critic_fn, policy_fn, _) = st.learner, st.fns
   flops = lambda lowered: float((lowered.cost_analysis() or {}).get("flops", float("nan")))
   out = {"targets": flops(targets_fn.lower(st.critic_params, st.batch))}
@@ -382,10 +402,13 @@ def learner_flops(config, mcfg) -> dict[str, float]:
   return out
 
 
-def engine_programs(config, mcfg, device, log=print) -> list[Program]:
-  """Compiles the rollout engine's prefill (``prefill_insert`` of ``rollout.slots`` fresh
-  prompts of ``rollout.max_prefill_length`` tokens: the most one call takes) and one decode step
-  of every slot over the whole KV cache (``generate``), on one chip, params replicated."""
+def engine_programs(config, mcfg, device, keys: Sequence[str] = ENGINE_PROGRAMS,
+                    log=print, on_start=None, on_done=None) -> list[Program]:
+  """Compiles the rollout engine's programs named in ``keys`` on one chip, params replicated:
+  "prefill" (``prefill_insert`` of ``rollout.slots`` fresh prompts of
+  ``rollout.max_prefill_length`` tokens: the most one call takes) and "decode" (one decode step
+  of every slot over the whole KV cache: ``generate``). ``on_start(key)`` and
+  ``on_done(program)`` are called around each compile."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -406,17 +429,23 @@ def engine_programs(config, mcfg, device, log=print) -> list[Program]:
   row = lambda dtype: jax.ShapeDtypeStruct((slots,), dtype, sharding=rep)
   key = _with_sharding(jax.eval_shape(lambda: (jax.random.key(0), jnp.uint32(0))), rep)
   temp = jax.ShapeDtypeStruct((), jnp.float32, sharding=rep)
+  calls = {
+      "prefill": (f"engine prefill ({slots}x{t}, 1 chip)", engine._prefill_insert_jit,  # pylint: disable=protected-access
+                  (params, state, row(jnp.int32),
+                   jax.ShapeDtypeStruct((slots, t), jnp.int32, sharding=rep), row(jnp.int32),
+                   row(jnp.int32), row(jnp.int32), key, temp), {"kv_len": t}),
+      "decode": (f"engine decode step ({slots} slots, 1 chip)", engine._generate_jit,  # pylint: disable=protected-access
+                 (params, state, temp), {"kv_len": None})}
   out = []
-  log(f"  compiling engine prefill ({slots} x {t})")
-  n, s = _compile(engine._prefill_insert_jit, params, state, row(jnp.int32),  # pylint: disable=protected-access
-                  jax.ShapeDtypeStruct((slots, t), jnp.int32, sharding=rep), row(jnp.int32),
-                  row(jnp.int32), row(jnp.int32), key, temp, kv_len=t)
-  out.append(Program(f"engine prefill ({slots}x{t}, 1 chip)", resident=0.0, learner=False,
-                     calls=0, compile_s=s, **n))
-  log(f"  compiling engine decode step ({slots} slots, cache {engine.cache_len})")
-  n, s = _compile(engine._generate_jit, params, state, temp, kv_len=None)  # pylint: disable=protected-access
-  out.append(Program(f"engine decode step ({slots} slots, 1 chip)", resident=0.0, learner=False,
-                     calls=0, compile_s=s, **n))
+  for key in keys:
+    name, fn, args, kwargs = calls[key]
+    log(f"  compiling {name}")
+    if on_start:
+      on_start(key)
+    n, s = _compile(fn, *args, **kwargs)
+    out.append(Program(name, resident=0.0, learner=False, calls=0, compile_s=s, key=key, **n))
+    if on_done:
+      on_done(out[-1])
   return out
 
 
@@ -429,7 +458,8 @@ def extrapolate(at: dict[int, list[Program]], depth: int) -> list[Program]:
     fields = {f: fit(getattr(a, f), getattr(b, f))
               for f in ("argument", "output", "alias", "temp", "resident", "flops", "xla_peak")}
     out.append(dataclasses.replace(a, compile_s=a.compile_s + b.compile_s,
-                                   refused=a.refused or b.refused, **fields))
+                                   refused=a.refused or b.refused,
+                                   crashed=a.crashed or b.crashed, **fields))
   return out
 
 
@@ -450,10 +480,99 @@ def parse_depths(text: str, n_layers: int) -> Optional[tuple[int, int]]:
   return (a, b)
 
 
+def measure_in_process(config, sl: Slice, mcfg, items, log=print, emit=None):
+  """Compiles ``items`` ((key, depth) pairs; keys of ``LEARNER_PROGRAMS`` /
+  ``ENGINE_PROGRAMS``) for the slice in this process. Returns ({(key, depth): Program}, info of
+  the learner). ``emit(kind, payload)`` (the worker's protocol) hears "start" before each
+  compile, "done" after it and "info" once."""
+  from sao_jax.train import distributed, sharding  # pylint: disable=import-outside-toplevel
+  devices = slice_devices(sl)
+  mesh = sharding.make_mesh(distributed.parse_mesh_shape(config.mesh.shape) or {"data": 1},
+                            devices=devices)
+  emit = emit or (lambda kind, payload: None)
+  results, info = {}, {}
+  for depth in sorted({d for _, d in items}):
+    cfg_d = with_layers(mcfg, depth)
+    log(f"{depth} layer{'s' if depth > 1 else ''}:")
+
+    def done(p, depth=depth):
+      results[p.key, depth] = p
+      emit("done", dict(dataclasses.asdict(p), depth=depth))
+
+    hooks = dict(on_start=lambda key, depth=depth: emit("start", f"{key}@{depth}"), on_done=done)
+    keys = [k for k, d in items if d == depth]
+    _, info = learner_programs(config, cfg_d, mesh, [k for k in keys if k in LEARNER_PROGRAMS],
+                               log=log, **hooks)
+    emit("info", info)
+    engine_keys = [k for k in keys if k in ENGINE_PROGRAMS]
+    if engine_keys:
+      engine_programs(config, cfg_d, devices[0], engine_keys, log=log, **hooks)
+  return results, info
+
+
+MARK = "SAO_PLAN"  # worker protocol lines on stdout: "SAO_PLAN <kind> <payload>"
+
+
+LABELS = {"targets": "targets", "critic": "critic update", "policy": "policy update",
+          "prefill": "engine prefill", "decode": "engine decode step"}
+
+
+def measure_isolated(argv: Sequence[str], command: Optional[Sequence[str]] = None):
+  """A runner for ``plan``: the compiles run in a child ``python -m sao_jax.plan`` (the same
+  flags plus ``--items``), so a crash of XLA's TPU compiler (a segfault in libtpu, seen on
+  v5e for the engine's prefill of ``configs/aime.py``) loses one program, not the plan: the
+  program it was compiling is reported as crashed and a new child goes on with the rest.
+  ``command``: the child's command before ``argv`` (default ``python -m sao_jax.plan``). A child
+  that fails otherwise (exit status > 0, or a crash outside a compile) raises RuntimeError."""
+  command = list(command or [sys.executable, "-m", "sao_jax.plan"])
+
+  def run(config, sl, mcfg, items, log=print):
+    del config, sl, mcfg
+    results, info, todo = {}, {}, [f"{k}@{d}" for k, d in items]
+    while todo:
+      child = subprocess.Popen([*command, *argv, f"--items={','.join(todo)}"],
+                               stdout=subprocess.PIPE, text=True)
+      started = None
+      for line in child.stdout:
+        if not line.startswith(MARK + " "):
+          continue
+        _, kind, payload = line.rstrip("\n").split(" ", 2)
+        if kind == "start":
+          started = payload
+        elif kind == "info":
+          info = json.loads(payload)
+        elif kind == "done":
+          d = json.loads(payload)
+          depth = d.pop("depth")
+          results[d["key"], depth] = Program(**d)
+          todo.remove(f"{d['key']}@{depth}")
+          started = None
+      rc = child.wait()
+      if rc > 0 or (rc < 0 and started is None):
+        raise RuntimeError(f"the compile worker stopped with exit status {rc} (its messages are "
+                           "above)")
+      if rc < 0:  # killed by a signal while compiling ``started``
+        key, depth = started.split("@")
+        log(f"  XLA's TPU compiler crashed (signal {-rc}) compiling {key} at {depth} layers; "
+            "going on without it")
+        nan = float("nan")
+        results[key, int(depth)] = Program(f"{LABELS[key]} (compiler crashed)", argument=nan,
+                                           output=nan,
+                                           alias=nan, temp=nan, resident=nan, flops=nan,
+                                           xla_peak=nan, crashed=True, key=key,
+                                           learner=key in LEARNER_PROGRAMS,
+                                           calls=0 if key in ENGINE_PROGRAMS else 1)
+        todo.remove(started)
+    return results, info
+  return run
+
+
 def plan(config, sl: Slice, *, model: str = "", layers: int = 0, depths: str = "auto",
          mfu: float = 0.4, hbm_bytes: Optional[float] = None, engine: bool = True,
-         log=print) -> dict:
+         log=print, runner=None) -> dict:
   """Compiles the config's programs for the slice; returns the report (``--json`` writes it).
+  ``runner``: how the compiles run (default ``measure_in_process``; the command line uses
+  ``measure_isolated``).
 
   Keys: slice, chip, chips, topology, hbm_bytes, peak_flops, mfu, model (name, layers,
   params), mesh, rows, length, microbatches, critic_updates, depths (None or the two compiled
@@ -461,7 +580,6 @@ def plan(config, sl: Slice, *, model: str = "", layers: int = 0, depths: str = "
   calls, learner, fits, compile_s), step_flops (per chip, one policy step), step_time_s,
   fits, advice (list of str). Raises ValueError on a bad config or arguments."""
   from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
-  from sao_jax.train import distributed, sharding  # pylint: disable=import-outside-toplevel
   from sao_jax.train.validation import validate_config  # pylint: disable=import-outside-toplevel
 
   if not 0 < mfu <= 1:
@@ -474,21 +592,20 @@ def plan(config, sl: Slice, *, model: str = "", layers: int = 0, depths: str = "
   validate_config(checked, num_devices=sl.chips)
   mcfg = model_config(config, model, layers)
   fit_depths = parse_depths(depths, mcfg.n_layers)
-  devices = slice_devices(sl)
-  shape = distributed.parse_mesh_shape(config.mesh.shape) or {"data": 1}
-  mesh = sharding.make_mesh(shape, devices=devices)
+  items = [(key, depth) for depth in (fit_depths or (mcfg.n_layers,))
+           for key in LEARNER_PROGRAMS + (ENGINE_PROGRAMS if engine else ())]
+  results, info = (runner or measure_in_process)(config, sl, mcfg, items, log)
   compiled: dict[int, list[Program]] = {}
-  info: dict = {}
-  for depth in fit_depths or (mcfg.n_layers,):
-    cfg_d = with_layers(mcfg, depth)
-    log(f"{depth} layer{'s' if depth > 1 else ''}:")
-    progs, info = learner_programs(config, cfg_d, mesh, log=log)
-    if engine:
-      progs += engine_programs(config, cfg_d, devices[0], log=log)
-    compiled[depth] = progs
+  for key, depth in items:
+    if (key, depth) in results:
+      compiled.setdefault(depth, []).append(results[key, depth])
+  if not info:
+    raise RuntimeError("no learner program compiled (see the messages above).")
   programs = extrapolate(compiled, mcfg.n_layers) if fit_depths else compiled[mcfg.n_layers]
+  for p in programs:  # (a crashed program's placeholder does not know its call count)
+    p.calls = info["critic_updates"] if p.key == "critic" else int(p.learner)
   log("counting the learner's FLOPs (traced on one CPU device)")
-  model_flops = learner_flops(config, mcfg)
+  model_flops = learner_flops(config, mcfg, rows=info["rows"])
   for p in programs:
     if p.learner:
       p.flops = model_flops[p.key] / sl.chips
@@ -498,7 +615,7 @@ def plan(config, sl: Slice, *, model: str = "", layers: int = 0, depths: str = "
   rows = []
   for p in programs:
     d = dataclasses.asdict(p)
-    d.update(total=p.total, fits=p.total <= hbm and not p.refused)
+    d.update(total=p.total, fits=p.total <= hbm and not (p.refused or p.crashed))
     rows.append(d)
   report = dict(
       slice=sl.name, chip=sl.chip.name, chips=sl.chips, topology=sl.topology, hbm_bytes=hbm,
@@ -507,7 +624,7 @@ def plan(config, sl: Slice, *, model: str = "", layers: int = 0, depths: str = "
                  params=count_params(abstract_params(Transformer, mcfg)[1]),
                  vocab_size=mcfg.vocab_size, n_experts=mcfg.n_experts, dtype=mcfg.dtype,
                  param_dtype=mcfg.param_dtype),
-      mesh={k: int(v) for k, v in mesh.shape.items()},
+      mesh=info["mesh"],
       tokens_per_device=int(config.mesh.tokens_per_device),
       rows=info["rows"], length=info["length"], microbatches=info["microbatches"],
       critic_updates=info["critic_updates"], tokens_per_step=info["tokens_per_step"],
@@ -524,6 +641,11 @@ def advice(config, report: dict) -> list[str]:
   keys = _flat_keys(config)
   for r in report["programs"]:
     if r["fits"]:
+      continue
+    if r.get("crashed"):
+      out.append(f"{r['name']}: XLA's TPU compiler crashed on it, so its memory is unknown; "
+                 "check it on the slice, or plan a variant (other rollout.slots / "
+                 "rollout.max_prefill_length / mesh.shape) to bracket it.")
       continue
     need = (f"{r['name']} needs {r['total'] / GIB:.3g} GiB per chip"
             + (" (XLA refused it at the chip's HBM)" if r["refused"] else "")
@@ -562,7 +684,8 @@ def format_report(report: dict) -> str:
   below 0.1 GiB; "n/a" where XLA refused a program and so gave no count)."""
   small = max(r["total"] for r in report["programs"]) < 0.1 * GIB
   unit, scale = ("MiB", 1 << 20) if small else ("GiB", GIB)
-  size = lambda b: "n/a" if math.isnan(b) else f"{b / scale:.2f}"
+  size = lambda b: ("n/a" if math.isnan(b) else f"{b / scale:.0f}" if b >= 1000 * scale
+                    else f"{b / scale:.2f}")
   tflop = lambda f: "n/a" if math.isnan(f) else f"{f / 1e12:.4g}"
   m = report["model"]
   lines = [
@@ -621,9 +744,17 @@ def main(argv: Sequence[str]) -> int:
     print(INSTALL_HINT, file=sys.stderr)
     return 2
   log = lambda msg: print(msg, file=sys.stderr, flush=True)
+  if f.items:  # a compile worker of measure_isolated: results on stdout, one line each
+    emit = lambda kind, payload: print(f"{MARK} {kind} {json.dumps(payload)}"
+                                       if kind != "start" else f"{MARK} start {payload}",
+                                       flush=True)
+    items = [(k, int(d)) for k, d in (i.split("@") for i in f.items.split(","))]
+    measure_in_process(f.config, sl, model_config(f.config, f.model, f.layers), items, log, emit)
+    return 0
   try:
     report = plan(f.config, sl, model=f.model, layers=f.layers, depths=f.depths, mfu=f.mfu,
-                  hbm_bytes=f.hbm_gib * GIB if f.hbm_gib else None, engine=f.engine, log=log)
+                  hbm_bytes=f.hbm_gib * GIB if f.hbm_gib else None, engine=f.engine, log=log,
+                  runner=measure_isolated(sys.argv[1:]))
   except ValueError as e:  # ConfigError is a ValueError: the fields to fix, no traceback
     print(e, file=sys.stderr)
     return 2
@@ -650,6 +781,8 @@ def _define_flags():
   flags.DEFINE_float("hbm_gib", 0.0, "Override the chip's HBM (GiB); 0: the chip's.")
   flags.DEFINE_bool("engine", True, "Also plan the rollout engine's prefill and decode step.")
   flags.DEFINE_string("json", "", "Also write the report as JSON to this path.")
+  flags.DEFINE_string("items", "", "Internal: run as a compile worker for these "
+                      "'key@depth' items (measure_isolated).")
 
 
 if __name__ == "__main__":

@@ -178,3 +178,54 @@ def test_an_abstract_learner_holds_shapes_with_shardings_and_counts_model_flops(
   one = plan.learner_flops(config, dataclasses.replace(mcfg, n_layers=1))
   for k in flops:
     assert deeper[k] - flops[k] == pytest.approx(flops[k] - one[k], rel=1e-6)
+
+
+@pytest.mark.parametrize("name, total, non_embedding", [
+    ("qwen3-0.6b", 0.6, 0.44), ("qwen3-1.7b", 1.7, 1.4), ("qwen3-8b", 8.2, 6.95),
+    ("qwen3-30b-a3b", 30.5, 29.9)])
+def test_presets_have_the_published_parameter_counts(name, total, non_embedding):
+  """The Qwen3 model cards' counts (billions; non-embedding leaves out the embedding and an
+  untied LM head), from the presets' abstract shapes."""
+  from sao_jax.models import presets  # pylint: disable=import-outside-toplevel
+  from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
+  cfg = presets.get_preset(name)
+  n = plan.count_params(plan.abstract_params(Transformer, cfg)[1])
+  embedding = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
+  assert n / 1e9 == pytest.approx(total, rel=0.03)
+  assert (n - embedding) / 1e9 == pytest.approx(non_embedding, rel=0.01)
+
+
+FAKE_WORKER = r'''
+import json, os, signal, sys
+items = sys.argv[-1].split("=", 1)[1].split(",")
+print("SAO_PLAN info " + json.dumps({"rows": 8}), flush=True)
+for item in items:
+  key, depth = item.split("@")
+  print("SAO_PLAN start " + item, flush=True)
+  if item in os.environ["CRASH_ON"].split(","):
+    os.kill(os.getpid(), signal.SIGSEGV)
+  print("SAO_PLAN done " + json.dumps(dict(
+      name=key, argument=1.0, output=2.0, alias=0.0, temp=3.0, resident=0.0, flops=4.0,
+      key=key, depth=int(depth), learner=key in ("targets", "critic", "policy"))), flush=True)
+'''
+
+
+def test_a_compiler_crash_loses_one_program_and_the_rest_goes_on(tmp_path, monkeypatch):
+  worker = tmp_path / "worker.py"
+  worker.write_text(FAKE_WORKER)
+  monkeypatch.setenv("CRASH_ON", "critic@1,decode@2")
+  run = plan.measure_isolated(["--flag"], command=[sys.executable, str(worker)])
+  items = [(k, d) for d in (1, 2) for k in plan.LEARNER_PROGRAMS + plan.ENGINE_PROGRAMS]
+  logs = []
+  results, info = run(None, None, None, items, logs.append)
+  assert info == {"rows": 8} and set(results) == set(items)
+  crashed = {item for item, p in results.items() if p.crashed}
+  assert crashed == {("critic", 1), ("decode", 2)}
+  assert math.isnan(results["critic", 1].total) and results["critic", 1].learner
+  assert results["decode", 2].name == "engine decode step (compiler crashed)"
+  assert results["policy", 2].temp == 3.0 and not results["policy", 2].crashed
+  assert sum("crashed (signal 11)" in m for m in logs) == 2
+  monkeypatch.setenv("CRASH_ON", "")
+  worker.write_text("import sys; sys.exit(3)")
+  with pytest.raises(RuntimeError, match="exit status 3"):
+    run(None, None, None, items, logs.append)
