@@ -133,13 +133,22 @@ def one_device_mesh():
   return sharding.make_mesh({"data": 1}, devices=jax.local_devices()[:1])
 
 
+def is_abstract(tree) -> bool:
+  """True when every leaf of ``tree`` is a ``jax.ShapeDtypeStruct`` (shapes only, no values)."""
+  leaves = jax.tree.leaves(tree)
+  return bool(leaves) and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+
+
 def _put(tree, shardings):
   """Pytree -> new global arrays with ``shardings``. Always a copy: the learner owns (and
   donates) what it holds, never the caller's arrays. A jax Array is copied device to device
   (each device receives its shard; one already laid out as ``shardings``, e.g. loaded straight
   into the learner's mesh, is copied in place, never through one device or the host); host
   arrays (the same values on every process), and on several processes arrays local to one,
-  are sliced per device from the host."""
+  are sliced per device from the host. An abstract tree (``is_abstract``) gives
+  ``ShapeDtypeStruct``s with ``shardings``."""
+  if is_abstract(tree):
+    return sharding.abstract_like(tree, shardings)
   def put(x, s):
     if isinstance(x, jax.Array) and (jax.process_count() == 1 or not x.is_fully_addressable):
       return jax.device_put(x, s, may_alias=False)
@@ -164,6 +173,9 @@ class Learner:
   ``ModelConfig.dtype`` and ``policy_params`` publishes ``cfg.serving_dtype``. Raises
   ValueError on a bad config (as ``LearnerConfig``) or a freeze pattern that matches no critic
   parameter.
+  Abstract params (every leaf a ``jax.ShapeDtypeStruct``) give abstract states
+  (``ShapeDtypeStruct`` leaves with the mesh's shardings) and no device memory:
+  ``jitted_steps()[i].lower(...)`` then compiles the steps ahead of time (``sao_jax.plan``).
   """
 
   def __init__(self, cfg: LearnerConfig, policy_graphdef, policy_params, critic_graphdef=None,
@@ -202,8 +214,11 @@ class Learner:
 
   @staticmethod
   def _init_state(params, tx, sh):
-    create = jax.jit(lambda p: steps.TrainState.create(optim.master_copy(p), tx),
-                     in_shardings=(sh.params,), out_shardings=sh.state)
+    def create_fn(p):
+      return steps.TrainState.create(optim.master_copy(p), tx)
+    if is_abstract(params):  # shapes only: the states' shapes with their shardings
+      return sharding.abstract_like(jax.eval_shape(create_fn, params), sh.state)
+    create = jax.jit(create_fn, in_shardings=(sh.params,), out_shardings=sh.state)
     return create(_put(params, sh.params))
 
   def _constrain(self, x, kind):

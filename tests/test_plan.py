@@ -1,0 +1,231 @@
+"""``python -m sao_jax.plan``: ahead-of-time compilation for a TPU slice on a CPU host (issue 31).
+
+* The real thing (skipped, with the reason, where ``libtpu`` is not installed): the tiny
+  ``configs/arith_tool.py:smoke`` model's learner steps and engine programs compiled by XLA's TPU
+  compiler for a 4-chip v5e slice (``v5e:2x2``, mesh ``fsdp=4``), through the command line, with
+  a 1 KiB fake HBM so that nothing fits: exit status 1, every field to change named, and the
+  numbers checked against what the shapes imply -- the policy update's per-chip arguments are
+  its float32 params and two Adam moments over 4 chips plus the batch; the learner's FLOPs are
+  within 25% of 6 N tokens (updates) and 2 N tokens (targets) per chip.
+* Without ``libtpu``: the message that says how to install it, exit status 2.
+* The pieces, in-process and without compiling: accelerator types -> topologies and chip counts,
+  the linear fit in depth, XLA's refusal message, the advice, an abstract ``Learner`` (shapes
+  with shardings, nothing on a device) and the model FLOPs counted from the traced steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+from jax.sharding import NamedSharding
+
+from sao_jax import configs, plan
+from sao_jax.train import sharding
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GIB = 1 << 30
+
+
+def _env() -> dict:
+  env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=ROOT)
+  env.pop("XLA_FLAGS", None)  # the suite's CPU optimisation level is not what users compile with
+  return env
+
+
+@pytest.mark.skipif(not plan.libtpu_available(),
+                    reason='libtpu is not installed (pip install -e ".[tpu]"): no TPU compiler')
+def test_plan_compiles_for_a_tpu_slice_and_names_the_fields_when_nothing_fits(tmp_path):
+  out = tmp_path / "plan.json"
+  proc = subprocess.run(
+      [sys.executable, "-m", "sao_jax.plan", "--config=configs/arith_tool.py:smoke",
+       "--config.mesh.shape=fsdp=-1", "--topology=v5e:2x2", "--hbm_gib=0.000001",
+       f"--json={out}"], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 1, proc.stdout + proc.stderr
+  for field in ("mesh.shape", "mesh.tokens_per_device", "rollout.slots",
+                "rollout.max_prefill_length", "DOES NOT FIT"):
+    assert field in proc.stdout, (field, proc.stdout)
+  report = json.loads(out.read_text())
+  assert report["chips"] == 4 and report["mesh"] == {"fsdp": 4} and report["depths"] is None
+  progs = {p["key"] or p["name"].split(" (")[0]: p for p in report["programs"]}
+  assert set(progs) == {"targets", "critic", "policy", "engine prefill", "engine decode step"}
+  for p in progs.values():
+    assert not p["refused"] and not p["fits"]
+    assert p["argument"] > 0 and p["total"] >= p["argument"] and p["compile_s"] > 0
+  assert progs["critic"]["calls"] == 2 and progs["policy"]["calls"] == 1
+  # donated train states come back in place
+  for k in ("critic", "policy"):
+    assert progs[k]["alias"] > 0.9 * progs[k]["argument"] - _batch_bytes(report) / 4
+  n, tokens, chips = report["model"]["params"], report["tokens_per_step"], report["chips"]
+  # policy update arguments: float32 params + Adam mu, nu, sharded 4 ways, plus the batch
+  states = 3 * 4 * n / chips
+  assert 0.9 * states < progs["policy"]["argument"] < 1.3 * states + _batch_bytes(report)
+  # engine: float32 params on one chip plus the KV cache of 8 slots x 65 positions x 2 layers
+  cache = 2 * 2 * 8 * 2 * 32 * 65 * 4
+  assert 0.95 * (4 * n + cache) < progs["engine decode step"]["argument"] < 1.5 * (4 * n + cache)
+  six_nt = 6 * n * tokens / chips
+  assert 0.75 * six_nt < progs["policy"]["flops"] < 1.25 * six_nt
+  assert 0.75 * six_nt < progs["critic"]["flops"] < 1.25 * six_nt
+  assert 0.75 * six_nt / 3 < progs["targets"]["flops"] < 1.25 * six_nt / 3
+  step = progs["targets"]["flops"] + 2 * progs["critic"]["flops"] + progs["policy"]["flops"]
+  assert report["step_flops"] == pytest.approx(step)
+  assert report["step_time_s"] == pytest.approx(step / (197e12 * 0.4))
+
+
+def _batch_bytes(report) -> float:
+  """Bytes of the whole ``Batch`` (6 [B, T] arrays of 1-4 bytes, 6 [B] arrays), upper bound."""
+  return 4 * report["rows"] * (report["length"] * 6 + 6)
+
+
+def test_a_missing_libtpu_says_how_to_install_it():
+  code = ("import sys, runpy; sys.modules['libtpu'] = None; sys.argv = ['plan', "
+          "'--config=configs/arith_tool.py:smoke', '--topology=v5litepod-8']; "
+          "runpy.run_module('sao_jax.plan', run_name='__main__')")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True,
+                        text=True, timeout=300)
+  assert proc.returncode == 2, proc.stdout + proc.stderr
+  assert 'pip install -e ".[tpu]"' in proc.stderr and "libtpu" in proc.stderr
+
+
+@pytest.mark.parametrize("name, topology, chips, chip", [
+    ("v5litepod-8", "v5e:2x4", 8, "v5e"), ("v5litepod-16", "v5e:4x4", 16, "v5e"),
+    ("v5e-4", "v5e:2x2", 4, "v5e"), ("v5p-8", "v5p:2x2x1", 4, "v5p"),
+    ("v5p-64", "v5p:2x4x4", 32, "v5p"), ("v6e-8", "v6e:2x4", 8, "v6e"),
+    ("v6e-1", "v6e:1x1", 1, "v6e"), ("v5e:2x2", "v5e:2x2", 4, "v5e"),
+    ("V5P:2x2x2", "v5p:2x2x2", 8, "v5p")])
+def test_accelerator_types_map_to_topologies_and_chips(name, topology, chips, chip):
+  sl = plan.parse_slice(name)
+  assert (sl.topology, sl.chips, sl.chip.name) == (topology, chips, chip)
+  assert sl.chip.hbm_bytes == {"v5e": 16, "v5p": 95, "v6e": 32}[chip] * GIB
+
+
+@pytest.mark.parametrize("name", ["v4-8", "v5p-7", "v5litepod-6", "v5e:2x2x1", "tpu"])
+def test_unknown_slices_name_the_flag(name):
+  with pytest.raises(ValueError, match="--topology"):
+    plan.parse_slice(name)
+
+
+def test_depth_fit_is_linear_and_exact_for_linear_quantities():
+  def prog(depth, refused=False):
+    return plan.Program("p", argument=10 + 3 * depth, output=1.0, alias=0.5, temp=7 * depth,
+                        resident=2 + depth, flops=100 + 40 * depth, refused=refused)
+  got = plan.extrapolate({1: [prog(1)], 2: [prog(2, refused=True)]}, 28)[0]
+  want = prog(28)
+  for f in ("argument", "output", "alias", "temp", "resident", "flops"):
+    assert getattr(got, f) == pytest.approx(getattr(want, f)), f
+  assert got.refused
+  assert plan.parse_depths("auto", 28) == (1, 2) and plan.parse_depths("auto", 2) is None
+  assert plan.parse_depths("full", 28) is None and plan.parse_depths("2,4", 28) == (2, 4)
+  with pytest.raises(ValueError, match="--depths"):
+    plan.parse_depths("3,2", 28)
+
+
+def test_refusal_message_gives_the_temporaries():
+  msg = ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+         "temporaries (26.42G) exceeds available HBM (15.75G).")
+  assert plan.refused_temp_bytes(msg) == pytest.approx(26.42 * GIB)
+  assert plan.refused_temp_bytes("(512M)  HLO temporaries (512M)") == 512 << 20
+  assert math.isnan(plan.refused_temp_bytes("some other error"))
+
+
+def test_advice_names_the_fields_of_what_does_not_fit():
+  config = configs.load("aime")
+  hbm = 16 * GIB
+  rows = [dict(name="policy update (8 micro-batches)", learner=True, fits=False, refused=True,
+               total=40 * GIB, argument=1 * GIB, resident=1 * GIB),
+          dict(name="critic update", learner=True, fits=True, refused=False, total=8 * GIB,
+               argument=GIB, resident=GIB),
+          dict(name="engine decode step", learner=False, fits=False, refused=False,
+               total=20 * GIB, argument=19 * GIB, resident=0.0)]
+  out = plan.advice(config, dict(programs=rows, hbm_bytes=hbm, tokens_per_device=8192))
+  assert len(out) == 2
+  assert "policy update" in out[0] and "refused" in out[0] and "40 GiB" in out[0]
+  assert "mesh.shape (now 'fsdp=-1')" in out[0] and "mesh.tokens_per_device (now 8192)" in out[0]
+  assert "rollout.slots (now 32)" in out[1] and "model.max_seq_len (now 4096)" in out[1]
+  states = plan.advice(config, dict(programs=[dict(rows[0], argument=10 * GIB,
+                                                   resident=10 * GIB)],
+                                    hbm_bytes=hbm, tokens_per_device=8192))
+  assert "only more chips help" in states[0]
+
+
+def test_an_abstract_learner_holds_shapes_with_shardings_and_counts_model_flops():
+  config = configs.load("arith_tool", "smoke")
+  mcfg = plan.model_config(config)
+  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  st = plan._abstract_steps(config, mcfg, mesh)  # pylint: disable=protected-access
+  for tree in (st.learner.policy, st.learner.critic):
+    leaves = jax.tree.leaves(tree)
+    assert leaves and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+    assert all(isinstance(x.sharding, NamedSharding) for x in leaves)
+  assert jax.tree.map(lambda x: (x.shape, x.dtype), st.learner.policy.params) == \
+      jax.tree.map(lambda x: (x.shape, x.dtype), plan.abstract_params(
+          __import__("sao_jax.models.transformer", fromlist=["Transformer"]).Transformer,
+          mcfg)[1])
+  flops = plan.learner_flops(config, mcfg)
+  n = plan.count_params(st.learner.policy.params)
+  tokens = st.rows * st.length
+  assert 0.75 < flops["policy"] / (6 * n * tokens) < 1.25
+  assert 0.75 < flops["critic"] / (6 * n * tokens) < 1.25
+  assert 0.75 < flops["targets"] / (2 * n * tokens) < 1.25
+  # deeper models cost more per layer, exactly linearly
+  deeper = plan.learner_flops(config, dataclasses.replace(mcfg, n_layers=3))
+  one = plan.learner_flops(config, dataclasses.replace(mcfg, n_layers=1))
+  for k in flops:
+    assert deeper[k] - flops[k] == pytest.approx(flops[k] - one[k], rel=1e-6)
+
+
+@pytest.mark.parametrize("name, total, non_embedding", [
+    ("qwen3-0.6b", 0.6, 0.44), ("qwen3-1.7b", 1.7, 1.4), ("qwen3-8b", 8.2, 6.95),
+    ("qwen3-30b-a3b", 30.5, 29.9)])
+def test_presets_have_the_published_parameter_counts(name, total, non_embedding):
+  """The Qwen3 model cards' counts (billions; non-embedding leaves out the embedding and an
+  untied LM head), from the presets' abstract shapes."""
+  from sao_jax.models import presets  # pylint: disable=import-outside-toplevel
+  from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
+  cfg = presets.get_preset(name)
+  n = plan.count_params(plan.abstract_params(Transformer, cfg)[1])
+  embedding = cfg.vocab_size * cfg.d_model * (1 if cfg.tie_embeddings else 2)
+  assert n / 1e9 == pytest.approx(total, rel=0.03)
+  assert (n - embedding) / 1e9 == pytest.approx(non_embedding, rel=0.01)
+
+
+FAKE_WORKER = r'''
+import json, os, signal, sys
+items = sys.argv[-1].split("=", 1)[1].split(",")
+print("SAO_PLAN info " + json.dumps({"rows": 8}), flush=True)
+for item in items:
+  key, depth = item.split("@")
+  print("SAO_PLAN start " + item, flush=True)
+  if item in os.environ["CRASH_ON"].split(","):
+    os.kill(os.getpid(), signal.SIGSEGV)
+  print("SAO_PLAN done " + json.dumps(dict(
+      name=key, argument=1.0, output=2.0, alias=0.0, temp=3.0, resident=0.0, flops=4.0,
+      key=key, depth=int(depth), learner=key in ("targets", "critic", "policy"))), flush=True)
+'''
+
+
+def test_a_compiler_crash_loses_one_program_and_the_rest_goes_on(tmp_path, monkeypatch):
+  worker = tmp_path / "worker.py"
+  worker.write_text(FAKE_WORKER)
+  monkeypatch.setenv("CRASH_ON", "critic@1,decode@2")
+  run = plan.measure_isolated(["--flag"], command=[sys.executable, str(worker)])
+  items = [(k, d) for d in (1, 2) for k in plan.LEARNER_PROGRAMS + plan.ENGINE_PROGRAMS]
+  logs = []
+  results, info = run(None, None, None, items, logs.append)
+  assert info == {"rows": 8} and set(results) == set(items)
+  crashed = {item for item, p in results.items() if p.crashed}
+  assert crashed == {("critic", 1), ("decode", 2)}
+  assert math.isnan(results["critic", 1].total) and results["critic", 1].learner
+  assert results["decode", 2].name == "engine decode step (compiler crashed)"
+  assert results["policy", 2].temp == 3.0 and not results["policy", 2].crashed
+  assert sum("crashed (signal 11)" in m for m in logs) == 2
+  monkeypatch.setenv("CRASH_ON", "")
+  worker.write_text("import sys; sys.exit(3)")
+  with pytest.raises(RuntimeError, match="exit status 3"):
+    run(None, None, None, items, logs.append)
