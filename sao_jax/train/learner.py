@@ -5,9 +5,11 @@ Per policy step (SAO §3, Algorithm 1), on a ``Batch``:
      (``algo.ESTIMATORS``; skip-observation GAE with the length-adaptive policy lambda by
      default) and returns with ``lam_critic`` -- from the same values; critic-free estimators
      (GRPO, running mean) give per-row advantages instead;
-  2. K critic updates (attention frozen) on those fixed returns;
+  2. K critic updates (attention frozen, and left out of the differentiated set) on those
+     fixed returns; step 1 and the first update share one critic forward;
   3. one policy update with the objective (``algo.OBJECTIVES``; DIS by default) against the
-     engine's rollout log-probs -- or ``train.policy_minibatches`` M updates, one per
+     engine's rollout log-probs (from the LM head in chunks, at action tokens only;
+     ``train.logprob_chunk``) -- or ``train.policy_minibatches`` M updates, one per
      mini-batch, against the policy at the start of the batch (the PPO baselines' setting);
   4. batch metrics (staleness, advantages, explained variance), once, inside jit;
   5. the caller publishes the new weights (``policy_version`` + 1).
