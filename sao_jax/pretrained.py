@@ -8,6 +8,7 @@ selects a llama.cpp GGUF file instead. The tokenizer then comes from the same so
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Optional
 
@@ -37,6 +38,13 @@ def load_tokenizer(config):
   return None
 
 
+def execution_fields(config) -> dict:
+  """The ``ModelConfig`` fields that say how the forward runs, not what it computes, from
+  ``config.model``: ``remat`` and ``scan_layers`` (defaults "none" / False when absent)."""
+  m = config.model
+  return dict(remat=m.get("remat", "none"), scan_layers=bool(m.get("scan_layers", False)))
+
+
 def model_config(config, vocab_size: int):
   """The ``ModelConfig`` of a randomly initialised policy from ``config.model`` (the shapes a
   checkpoint does not give)."""
@@ -44,17 +52,20 @@ def model_config(config, vocab_size: int):
   return ModelConfig(vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers,
                      n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, head_dim=m.head_dim,
                      d_ff=m.d_ff, rope_theta=m.rope_theta, max_seq_len=m.max_seq_len,
-                     dtype=m.dtype)
+                     dtype=m.dtype, **execution_fields(config))
 
 
 def load_model(config) -> Optional[tuple]:
-  """``(ModelConfig, params)`` for "hf"/"gguf" sources (shapes from the checkpoint, length and
-  dtypes from ``config.model``), else None."""
+  """``(ModelConfig, params)`` for "hf"/"gguf" sources (shapes from the checkpoint, length,
+  dtypes, remat and scan_layers from ``config.model``), else None."""
   kind = source(config)
   kw = dict(max_seq_len=config.model.max_seq_len, dtype=config.model.dtype,
             param_dtype=config.model.get("param_dtype", "float32"))
   if kind == "gguf":
-    return load_gguf(config.model.gguf, **kw)
-  if kind == "hf":
-    return load_hf_checkpoint(config.model.checkpoint_dir, **kw)
-  return None
+    loaded = load_gguf(config.model.gguf, **kw)
+  elif kind == "hf":
+    loaded = load_hf_checkpoint(config.model.checkpoint_dir, **kw)
+  else:
+    return None
+  mcfg, params = loaded
+  return dataclasses.replace(mcfg, **execution_fields(config)), params
