@@ -44,6 +44,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.model.rope_theta = 10000.0    # RoPE base
   c.model.max_seq_len = 64        # prompt + response tokens
   c.model.dtype = "float32"       # compute dtype
+  c.model.remat = "none"          # training forward's block remat: "none" (keep activations),
+                                  # "block" (recompute each block in the backward: least memory),
+                                  # "dots_saveable" (keep the projections' outputs only)
+  c.model.scan_layers = False     # training forward: one lax.scan over identical layers (compile
+                                  # time flat in depth; use with remat); params stay per layer
 
   c.sft = ml_collections.ConfigDict()
   c.sft.steps = 1000              # supervised warm-up steps on demonstrations (0 = none)

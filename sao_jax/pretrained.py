@@ -8,6 +8,7 @@ selects a llama.cpp GGUF file instead. The tokenizer then comes from the same so
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Optional
@@ -57,6 +58,13 @@ def load_tokenizer(config):
   return None
 
 
+def execution_fields(config) -> dict:
+  """The ``ModelConfig`` fields that say how the forward runs, not what it computes, from
+  ``config.model``: ``remat`` and ``scan_layers`` (defaults "none" / False when absent)."""
+  m = config.model
+  return dict(remat=m.get("remat", "none"), scan_layers=bool(m.get("scan_layers", False)))
+
+
 def model_config(config, vocab_size: int):
   """The ``ModelConfig`` of a randomly initialised policy from ``config.model`` (the shapes a
   checkpoint does not give; parameters built in ``model.param_dtype``, computed in
@@ -65,12 +73,13 @@ def model_config(config, vocab_size: int):
   return ModelConfig(vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers,
                      n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, head_dim=m.head_dim,
                      d_ff=m.d_ff, rope_theta=m.rope_theta, max_seq_len=m.max_seq_len,
-                     dtype=m.dtype, param_dtype=m.get("param_dtype", "float32"))
+                     dtype=m.dtype, param_dtype=m.get("param_dtype", "float32"),
+                     **execution_fields(config))
 
 
 def load_model(config, mesh=None) -> Optional[tuple]:
   """``(ModelConfig, params)`` for "hf"/"gguf" sources (shapes from the checkpoint, length and
-  dtypes from ``config.model``), else None.
+  dtypes, remat and scan_layers from ``config.model``), else None.
 
   ``mesh``: a ``jax.sharding.Mesh`` (the learner's, ``train.setup.make_mesh``) to load into:
   every parameter is placed tensor by tensor straight into its sharding there
@@ -84,13 +93,16 @@ def load_model(config, mesh=None) -> Optional[tuple]:
     if mesh is not None:
       reader = gguf_loader.GGUFReader(gguf_loader.resolve_gguf_path(config.model.gguf))
       shardings = _param_shardings(gguf_loader.config_from_gguf(reader, **kw), mesh)
-    return load_gguf(config.model.gguf, shardings=shardings, **kw)
-  if kind == "hf":
+    loaded = load_gguf(config.model.gguf, shardings=shardings, **kw)
+  elif kind == "hf":
     path = config.model.checkpoint_dir
     if mesh is not None:
       shardings = _param_shardings(hf.config_from_hf(hf.read_hf_config(path), **kw), mesh)
-    return load_hf_checkpoint(path, shardings=shardings, **kw)
-  return None
+    loaded = load_hf_checkpoint(path, shardings=shardings, **kw)
+  else:
+    return None
+  mcfg, params = loaded
+  return dataclasses.replace(mcfg, **execution_fields(config)), params
 
 
 def _param_shardings(cfg: ModelConfig, mesh):

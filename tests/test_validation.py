@@ -57,6 +57,7 @@ BAD_ENUMS = {
     "rollout.weight_sync": "carrier_pigeon",
     "model.dtype": "float8",
     "model.param_dtype": "int8",
+    "model.remat": "full",
     "task.name": "chess",
     "log.progress": "fancy",
     "distributed.cpu_collectives": "nccl",

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# model.remat: what the backward pass of a no-cache (training) forward keeps of each block
+REMAT_POLICIES = ("none", "block", "dots_saveable")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +52,19 @@ class ModelConfig:
     moe_impl: how MoE layers compute: "routed" (only each token's top-k experts, grouped
       matmuls; see ``transformer.moe_routed``) or "dense" (every expert for every token, the
       reference; cheaper on CPU, where ``jax.lax.ragged_dot`` has no grouped kernel).
+    remat: rematerialisation of each block in a no-cache (training) forward, one of
+      ``REMAT_POLICIES``: "none" (the backward keeps every block intermediate), "block"
+      (``jax.checkpoint`` of each block, only its input kept: everything is recomputed in the
+      backward, about one more forward of FLOPs), "dots_saveable" (the block's matmul outputs
+      without batch dimensions -- the q/k/v/o and MLP projections -- kept, the rest, attention
+      scores and probabilities included, recomputed; MaxText's "minimal"). Cached calls (prefill,
+      decode) never rematerialise. See ``transformer.Transformer``.
+    scan_layers: run the blocks of a no-cache forward with one ``jax.lax.scan`` per run of
+      consecutive identical blocks (all of them for a dense model or an all-MoE one), so the
+      compiled program holds one block body whatever the depth; parameters stay per layer
+      (``layers/{i}/...``). Cached calls stay unrolled.
+    ``remat`` and ``scan_layers`` change how the training forward runs, not its result (equal to
+    rounding), so they are left out of ``repr`` (a model's identity, e.g. the SFT cache key).
   """
 
   vocab_size: int
@@ -77,6 +92,10 @@ class ModelConfig:
   norm_topk_prob: bool = True
   router_aux_loss_coef: float = 0.0
   moe_impl: str = "routed"
+  # how the training forward runs, not what it computes: left out of repr, which serves as the
+  # model's identity (the SFT warm-start cache key, train/setup.py:sft_key)
+  remat: str = dataclasses.field(default="none", repr=False)
+  scan_layers: bool = dataclasses.field(default=False, repr=False)
 
   def __post_init__(self):
     if self.n_heads % self.n_kv_heads:
@@ -93,6 +112,10 @@ class ModelConfig:
       if getattr(self, name) not in ("float32", "bfloat16", "float16", "float64"):
         raise ValueError(f"model.{name}={getattr(self, name)!r}; use 'float32' or 'bfloat16' "
                          "('float64' only under jax.enable_x64, for numerics checks).")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"model.remat={self.remat!r}; use one of {REMAT_POLICIES} ('none' keeps "
+                       "every activation, 'block' the least memory).")
+    object.__setattr__(self, "scan_layers", bool(self.scan_layers))
     object.__setattr__(self, "moe_layers", tuple(int(i) for i in self.moe_layers))
     if self.moe_layers:
       if self.n_experts < 1 or not 1 <= self.n_experts_per_tok <= self.n_experts:

@@ -38,6 +38,8 @@ Parameter paths (pure dicts from ``nnx.to_pure_dict``)::
 
 Every attention parameter lives under ``.../attn/...`` so optimizers can freeze them by pattern
 (see ``sao_jax.train.optim``); ``sao_jax.models.partition`` gives each path its logical axes.
+The layout is the same whatever ``ModelConfig.remat`` and ``ModelConfig.scan_layers`` (a scan
+stacks the per-layer parameters inside the forward only; see ``Transformer``).
 """
 
 from __future__ import annotations
@@ -377,6 +379,86 @@ class Block(nnx.Module):
     return x + m, new_cache, router_logits
 
 
+def remat_policy(name: str):
+  """The ``jax.checkpoint`` policy of ``ModelConfig.remat`` ``name``: None for "block" (save
+  nothing but the block's inputs: recompute everything), ``dots_with_no_batch_dims_saveable`` for
+  "dots_saveable" (keep the outputs of matmuls without batch dimensions: the projections; recompute
+  the batched attention contractions, softmax, norms, RoPE, activations). Raises ValueError for
+  "none" or an unknown name."""
+  if name == "block":
+    return None
+  if name == "dots_saveable":
+    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  raise ValueError(f"model.remat={name!r} has no checkpoint policy; use 'block' or "
+                   "'dots_saveable' (or 'none': no jax.checkpoint at all).")
+
+
+def block_fn(graphdef, remat: str = "none", prevent_cse: bool = True):
+  """One block of a no-cache forward as a pure function
+  ``f(state, x [B, T, D], positions [B, T], attention_mask [B, T] or None) -> (x, router)``
+  (``router``: what the block's MLP returns besides its output -- MoE router logits [B, T, E]
+  float32, None for a dense MLP), where ``graphdef, state = nnx.split(block)``.
+
+  ``remat`` other than "none" wraps it in ``jax.checkpoint`` with ``remat_policy(remat)``;
+  ``prevent_cse=False`` is for a body of ``jax.lax.scan``, where the loop already keeps XLA from
+  merging the recomputation into the forward (JAX's ``jax.checkpoint`` documentation)."""
+  def f(state, x, positions, attention_mask):
+    x, _, router = nnx.merge(graphdef, state)(x, positions, None, attention_mask)
+    return x, router
+  if remat == "none":
+    return f
+  return jax.checkpoint(f, policy=remat_policy(remat), prevent_cse=prevent_cse)
+
+
+def _signature(state) -> tuple:
+  return jax.tree.structure(state), tuple((a.shape, a.dtype) for a in jax.tree.leaves(state))
+
+
+def layer_runs(blocks: Sequence[nnx.Module]) -> list[tuple[int, int]]:
+  """Maximal runs ``[start, end)`` of consecutive blocks with the same structure (graphdef) and
+  the same parameter shapes and dtypes: one run for a dense or an all-MoE model, one per dense /
+  MoE stretch when ``moe_layers`` is a strict subset of the layers. Each run can be one scan."""
+  runs, prev = [], None
+  for i, b in enumerate(blocks):
+    graphdef, state = nnx.split(b)
+    key = (graphdef, _signature(state))
+    if runs and key == prev:
+      runs[-1] = (runs[-1][0], i + 1)
+    else:
+      runs.append((i, i + 1))
+    prev = key
+  return runs
+
+
+def _cast_for_compute(block: nnx.Module, state):
+  """``state`` (of ``nnx.split(block)``) with the kernel and bias of every ``nnx.Linear`` that
+  computes in a narrower dtype than it stores (a float32 master copy under bfloat16 compute) cast
+  to that dtype now: the cast the layer makes first thing, so the results and gradients are the
+  same, but a stack of the state holds the narrow copy. Norm scales, the MoE router (float32
+  compute) and any parameter not owned by an ``nnx.Linear`` keep their dtype."""
+  casts = {tuple(path): jnp.dtype(node.dtype) for path, node in nnx.iter_graph(block)
+           if isinstance(node, nnx.Linear) and node.dtype is not None}
+
+  def cast(path, leaf):
+    keys = tuple(k.key for k in path if isinstance(k, jax.tree_util.DictKey))
+    dt = casts.get(keys[:-1]) if keys and keys[-1] in ("kernel", "bias") else None
+    if (dt is None or not jnp.issubdtype(leaf.dtype, jnp.floating)
+        or dt.itemsize >= leaf.dtype.itemsize):
+      return leaf
+    return leaf.astype(dt)
+
+  return jax.tree_util.tree_map_with_path(cast, state)
+
+
+def stack_states(blocks: Sequence[nnx.Module]):
+  """``(graphdef, stacked state)`` of homogeneous blocks: every parameter leaf gets a leading
+  layer axis ``[L, ...]`` (``jnp.stack``), in the dtype the block computes with where that is
+  exact (``_cast_for_compute``: the ``nnx.Linear`` kernels), else in the parameter's own."""
+  graphdef = nnx.split(blocks[0])[0]
+  states = [_cast_for_compute(b, nnx.split(b)[1]) for b in blocks]
+  return graphdef, jax.tree.map(lambda *a: jnp.stack(a), *states)
+
+
 class Transformer(nnx.Module):
   """Decoder-only LM. ``__call__`` returns ``(logits [B, T, V] float32, new_cache)``.
 
@@ -396,6 +478,28 @@ class Transformer(nnx.Module):
       write, distinct, for a cache of any batch N (the engine's prefill of chunks straight into
       decode slots: only the chunk's new entries are written, in place under donation). Rows
       >= N are padding: their writes are dropped. None = row b uses cache row b (N == B).
+
+  No-cache calls (training, scoring) follow ``cfg.remat`` and ``cfg.scan_layers``; cached calls
+  (prefill, decode) always run the blocks unrolled without ``jax.checkpoint``. The results agree
+  whatever the two fields (float32: to rounding, ``tests/test_remat.py``).
+
+  ``cfg.remat``: each block of the forward is one ``jax.checkpoint`` (``block_fn``). Unrolled,
+  the saving depends on the compiler keeping the recomputation apart from the forward: the TPU
+  compiler does; XLA:CPU lowers the optimisation barriers early and merges the recomputation
+  back into the forward (little saved). Inside the backward loop of a scan it cannot, so with
+  ``cfg.scan_layers`` the saving holds on every backend.
+
+  ``cfg.scan_layers``: each run of identical blocks (``layer_runs``) is one ``jax.lax.scan``
+  over a stacked copy of its blocks' parameters (``stack_states``), so the program holds one
+  block body per run, not one per layer. The parameters themselves stay per layer; the cost is
+  that copy -- one more copy of the layer weights in the traced program -- and in the backward a
+  stacked weight gradient before it is split back per layer. XLA does not move a layer's
+  compute-dtype cast ahead of the stack (a float32 master copy stacked as is stays float32 under
+  bfloat16 compute), so the ``nnx.Linear`` kernels are cast before stacking (exact: the cast
+  the layer makes anyway); the copy is then in the compute dtype. Without remat the loop also stores
+  every iteration's residuals as stacked outputs, which XLA otherwise fuses away in part: scan
+  with remat "block" or "dots_saveable", not alone. ``benchmarks/RESULTS.md`` has the measured
+  temp bytes.
   """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -411,6 +515,9 @@ class Transformer(nnx.Module):
     if cache is not None and attention_mask is not None:
       raise ValueError("attention_mask is only supported without a KV cache.")
     x = self.embed(tokens).astype(self.cfg.compute_dtype)
+    if cache is None and (self.cfg.remat != "none" or self.cfg.scan_layers):
+      x, router_logits = self._run_blocks(x, positions, attention_mask)
+      return self.final_norm(x), None, router_logits
     new_cache, router_logits = [], []
     for i, layer in enumerate(self.layers):
       x, c, r = layer(x, positions, None if cache is None else cache[i], attention_mask, kv_len,
@@ -419,6 +526,37 @@ class Transformer(nnx.Module):
       if r is not None:
         router_logits.append(r)
     return self.final_norm(x), (None if cache is None else new_cache), router_logits
+
+  def _run_blocks(self, x, positions, attention_mask):
+    """The blocks of a no-cache forward under ``cfg.remat`` / ``cfg.scan_layers``: returns
+    ``(x [B, T, D], router_logits)`` with ``router_logits`` one entry per MoE layer in layer
+    order (as the unrolled loop), unstacked from the scan's per-layer outputs."""
+    cfg = self.cfg
+    blocks = list(self.layers)
+    router_logits = []
+    if not cfg.scan_layers:
+      for block in blocks:
+        graphdef, state = nnx.split(block)
+        x, r = block_fn(graphdef, cfg.remat)(state, x, positions, attention_mask)
+        if r is not None:
+          router_logits.append(r)
+      return x, router_logits
+    for start, end in layer_runs(blocks):
+      if end - start == 1:  # a lone block (e.g. one dense layer among MoE ones): no loop
+        graphdef, state = nnx.split(blocks[start])
+        x, r = block_fn(graphdef, cfg.remat)(state, x, positions, attention_mask)
+        router_logits.extend([] if r is None else [r])
+        continue
+      graphdef, stacked = stack_states(blocks[start:end])
+      f = block_fn(graphdef, cfg.remat, prevent_cse=False)
+
+      def body(h, state, f=f):
+        return f(state, h, positions, attention_mask)
+
+      x, rs = jax.lax.scan(body, x, stacked)
+      if rs is not None:  # per-layer outputs stacked [L_run, ...]: one entry per layer again
+        router_logits.extend(jax.tree.map(lambda a, j=j: a[j], rs) for j in range(end - start))
+    return x, router_logits
 
   def hidden(self, tokens, positions, cache: Optional[KVCache] = None, attention_mask=None,
              kv_len: Optional[int] = None, cache_rows: Optional[jax.Array] = None):

@@ -101,8 +101,10 @@ def resume_point(directory: str) -> Optional[int]:
 
 
 # Fields that may change when a run is resumed: how long it runs, how it checkpoints, logs and
-# evaluates, and where its processes meet. Anything else changes *what* is trained.
-RESUMABLE_CHANGES = ("run_dir", "train.num_steps", "checkpoint.", "log.", "eval.", "distributed.")
+# evaluates, where its processes meet, and how the forward saves memory (remat, scan over layers:
+# same results to rounding). Anything else changes *what* is trained.
+RESUMABLE_CHANGES = ("run_dir", "train.num_steps", "checkpoint.", "log.", "eval.", "distributed.",
+                     "model.remat", "model.scan_layers")
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

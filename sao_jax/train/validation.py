@@ -7,7 +7,8 @@
   * enum fields against their allowed values (``enum_choices``: ``train.mode``,
     ``train.objective``, ``train.advantage_estimator``, ``train.aggregation``,
     ``rollout.kv_on_update``, ``rollout.staleness_policy``, ``rollout.backend``, ``model.dtype``,
-    ``model.param_dtype``, ``task.name``, ``log.progress``, ``distributed.cpu_collectives``),
+    ``model.param_dtype``, ``model.remat``, ``task.name``, ``log.progress``,
+    ``distributed.cpu_collectives``),
   * numeric ranges (``eps_low in [0, 1)``, ``K >= 1``, ``lam_critic in [0, 1]``, ...),
   * ``run_dir``: a folder (or one that can be created) this user can write to;
     ``model.checkpoint_dir``: a Hugging Face folder or a run's ``checkpoints/`` folder,
@@ -34,6 +35,7 @@ from typing import Any, Optional
 
 from sao_jax import algo, configs
 from sao_jax.algo.objectives import AGGREGATIONS
+from sao_jax.models.config import REMAT_POLICIES
 from sao_jax.rollout.staleness import POLICIES
 from sao_jax.train.distributed import parse_mesh_shape
 from sao_jax.train.modes import MODES
@@ -87,6 +89,7 @@ def enum_choices() -> dict[str, tuple]:
       "rollout.weight_sync": ("auto", "transfer", "object_store"),
       "model.dtype": _DTYPES,
       "model.param_dtype": _DTYPES,
+      "model.remat": REMAT_POLICIES,
       "task.name": _TASKS,
       "log.progress": tuple(PROGRESS),
       "distributed.cpu_collectives": _CPU_COLLECTIVES,
