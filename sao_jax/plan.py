@@ -576,9 +576,10 @@ def plan(config, sl: Slice, *, model: str = "", layers: int = 0, depths: str = "
 
   Keys: slice, chip, chips, topology, hbm_bytes, peak_flops, mfu, model (name, layers,
   params), mesh, rows, length, microbatches, critic_updates, depths (None or the two compiled
-  depths), programs (list of dicts: name, argument, output, alias, temp, resident, total, flops,
-  calls, learner, fits, compile_s), step_flops (per chip, one policy step), step_time_s,
-  fits, advice (list of str). Raises ValueError on a bad config or arguments."""
+  depths), compiled (depth -> the programs as compiled at that depth), programs (list of dicts:
+  name, key, argument, output, alias, temp, resident, total, flops, calls, learner, refused,
+  crashed, fits, compile_s), step_flops (per chip, one policy step), step_time_s, fits, advice
+  (list of str). Raises ValueError on a bad config or arguments."""
   from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
   from sao_jax.train.validation import validate_config  # pylint: disable=import-outside-toplevel
 
@@ -601,6 +602,7 @@ def plan(config, sl: Slice, *, model: str = "", layers: int = 0, depths: str = "
       compiled.setdefault(depth, []).append(results[key, depth])
   if not info:
     raise RuntimeError("no learner program compiled (see the messages above).")
+  as_compiled = {str(d): [dataclasses.asdict(p) for p in ps] for d, ps in compiled.items()}
   programs = extrapolate(compiled, mcfg.n_layers) if fit_depths else compiled[mcfg.n_layers]
   for p in programs:  # (a crashed program's placeholder does not know its call count)
     p.calls = info["critic_updates"] if p.key == "critic" else int(p.learner)
@@ -628,7 +630,9 @@ def plan(config, sl: Slice, *, model: str = "", layers: int = 0, depths: str = "
       tokens_per_device=int(config.mesh.tokens_per_device),
       rows=info["rows"], length=info["length"], microbatches=info["microbatches"],
       critic_updates=info["critic_updates"], tokens_per_step=info["tokens_per_step"],
-      depths=list(fit_depths) if fit_depths else None, programs=rows, step_flops=step_flops,
+      depths=list(fit_depths) if fit_depths else None,
+      compiled=as_compiled,
+      programs=rows, step_flops=step_flops,
       step_time_s=step_time, fits=all(r["fits"] for r in rows))
   report["advice"] = advice(config, report)
   return report
