@@ -343,21 +343,26 @@ def learner_programs(config, mcfg, mesh, keys: Sequence[str] = LEARNER_PROGRAMS,
   updates and tokens per step. A critic-free estimator has no critic update. ``on_start(key)``
   and ``on_done(program)`` are called around each compile."""
   st = _abstract_steps(config, mcfg, mesh)
-  learner, (targets_fn, critic_fn, policy_fn, _) = st.learner, st.fns
+  learner, (targets_fn, critic_fn, policy_fn, _, first_fn) = st.learner, st.fns
   ref = learner._ref  # pylint: disable=protected-access
-  k = learner.cfg.critic_updates_per_step if learner.uses_critic else 0
+  # with a critic the learner runs the targets and the first critic update as one program
+  # (``first_critic``: one critic forward for both), then K - 1 plain critic updates
+  k = learner.cfg.critic_updates_per_step - 1 if learner.uses_critic else 0
   minis = max(1, learner.cfg.policy_minibatches)
   # what the learner holds on the chips through a whole step, argument of a program or not
   held = sum(chip_bytes(t) for t in (learner.policy, learner.critic, ref, st.batch))
   label = f"{st.micro} micro-batch{'es' if st.micro > 1 else ''}"
-  names = {"targets": f"targets ({st.rows}x{st.length})", "critic": f"critic update ({label})",
+  names = {"targets": (f"targets + critic update 1 ({label})" if learner.uses_critic
+                       else f"targets ({st.rows}x{st.length})"),
+           "critic": f"critic update ({label})",
            "policy": f"policy update ({label}" + (f", {minis} mini-batches)" if minis > 1 else ")")}
-  calls = {"targets": (targets_fn, (st.critic_params, st.batch)),
+  calls = {"targets": ((first_fn, (learner.critic, st.batch)) if learner.uses_critic
+                       else (targets_fn, (st.critic_params, st.batch))),
            "critic": (critic_fn, (learner.critic, st.batch, st.targets)),
            "policy": (policy_fn, (learner.policy, st.batch, st.targets["advantages"], ref))}
   out = []
   for key in keys:
-    if key == "critic" and not learner.uses_critic:
+    if key == "critic" and not k:
       continue
     log(f"  compiling {names[key]}")
     if on_start:
@@ -392,9 +397,12 @@ def learner_flops(config, mcfg, rows: int = 0) -> dict[str, float]:
     mcfg = dataclasses.replace(mcfg, scan_layers=False)
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices("cpu")[:1])
   st = _abstract_steps(config, mcfg, mesh, micro=1, rows=rows, policy_minibatches=1)
-  learner, (targets_fn, critic_fn, policy_fn, _) = st.learner, st.fns
+  learner, (targets_fn, critic_fn, policy_fn, _, first_fn) = st.learner, st.fns
   flops = lambda lowered: float((lowered.cost_analysis() or {}).get("flops", float("nan")))
-  out = {"targets": flops(targets_fn.lower(st.critic_params, st.batch))}
+  if learner.uses_critic:  # targets + the first critic update, as the learner runs them
+    out = {"targets": flops(first_fn.lower(learner.critic, st.batch))}
+  else:
+    out = {"targets": flops(targets_fn.lower(st.critic_params, st.batch))}
   if learner.uses_critic:
     out["critic"] = flops(critic_fn.lower(learner.critic, st.batch, st.targets))
   out["policy"] = flops(policy_fn.lower(learner.policy, st.batch, st.targets["advantages"],
@@ -720,7 +728,8 @@ def format_report(report: dict) -> str:
                  f"{size(report['hbm_bytes']):>8}{'yes' if r['fits'] else 'NO':>6}"
                  f"{tflop(r['flops']):>10}")
   rate = report["tokens_per_step"] / report["step_time_s"] if report["step_time_s"] > 0 else 0
-  lines += ["", f"one policy step (targets + {report['critic_updates']} critic updates + 1 policy "
+  lines += ["", f"one policy step (targets + first critic update, {report['critic_updates']} more "
+            "critic update(s), 1 policy "
             f"update): {tflop(report['step_flops'])} TFLOP per chip (model FLOPs); at "
             f"{report['mfu']:.0%} MFU: {report['step_time_s']:.3g} s per step, {rate:,.0f} "
             "tokens/s per slice. Engine rows: TFLOP per call."]

@@ -59,7 +59,9 @@ def test_plan_compiles_for_a_tpu_slice_and_names_the_fields_when_nothing_fits(tm
   for p in progs.values():
     assert not p["refused"] and not p["fits"]
     assert p["argument"] > 0 and p["total"] >= p["argument"] and p["compile_s"] > 0
-  assert progs["critic"]["calls"] == 2 and progs["policy"]["calls"] == 1
+  # K = 2: the first critic update runs inside the targets program (one critic forward for
+  # both, Learner.jitted_steps' first_critic), the second as the critic program
+  assert progs["critic"]["calls"] == 1 and progs["policy"]["calls"] == 1
   # donated train states come back in place
   for k in ("critic", "policy"):
     assert progs[k]["alias"] > 0.9 * progs[k]["argument"] - _batch_bytes(report) / 4
@@ -73,8 +75,9 @@ def test_plan_compiles_for_a_tpu_slice_and_names_the_fields_when_nothing_fits(tm
   six_nt = 6 * n * tokens / chips
   assert 0.75 * six_nt < progs["policy"]["flops"] < 1.25 * six_nt
   assert 0.75 * six_nt < progs["critic"]["flops"] < 1.25 * six_nt
-  assert 0.75 * six_nt / 3 < progs["targets"]["flops"] < 1.25 * six_nt / 3
-  step = progs["targets"]["flops"] + 2 * progs["critic"]["flops"] + progs["policy"]["flops"]
+  # targets + the first critic update from one forward: one critic update's FLOPs
+  assert 0.75 * six_nt < progs["targets"]["flops"] < 1.25 * six_nt
+  step = progs["targets"]["flops"] + progs["critic"]["flops"] + progs["policy"]["flops"]
   assert report["step_flops"] == pytest.approx(step)
   assert report["step_time_s"] == pytest.approx(step / (197e12 * 0.4))
 
@@ -173,7 +176,8 @@ def test_an_abstract_learner_holds_shapes_with_shardings_and_counts_model_flops(
   tokens = st.rows * st.length
   assert 0.75 < flops["policy"] / (6 * n * tokens) < 1.25
   assert 0.75 < flops["critic"] / (6 * n * tokens) < 1.25
-  assert 0.75 < flops["targets"] / (2 * n * tokens) < 1.25
+  # with a critic: the targets and the first critic update from one forward (first_critic)
+  assert 0.75 < flops["targets"] / (6 * n * tokens) < 1.25
   # deeper models cost more per layer, exactly linearly
   deeper = plan.learner_flops(config, dataclasses.replace(mcfg, n_layers=3))
   one = plan.learner_flops(config, dataclasses.replace(mcfg, n_layers=1))
