@@ -35,7 +35,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.slots = 32
   c.rollout.queue_size = 64
 
-  # the 49k-vocab logits of a whole batch of 16 need > 20 GB of host memory
+  # measured (benchmarks/smollm2_step_memory.py, RESULTS section 5b): one whole SAO step on all
+  # 16 rows at once grew the process by 4.6 GB before the chunked log-probs, so no
+  # micro-batching is needed for memory on a 24 GB host; kept for the step time measured with it
   c.mesh.tokens_per_device = 384           # micro-batches of 4 rows of 96 tokens
   c.train.batch_size = 16
   # at this lr a 40-step run peaked at step 10 (58% on 100 held-out), then collapsed (8% at 20)
