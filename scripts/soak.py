@@ -3,7 +3,7 @@
 rewards at --env_fault_rate), then checks that no state was lost and memory stayed bounded.
 
     python scripts/soak.py --minutes 20 --run_dir /tmp/sao_soak
-    python scripts/soak.py --minutes 20 --run_dir /tmp/sao_soak_ray --backend ray
+    python scripts/soak.py --minutes 20 --run_dir runs/soak_ray --backend ray
 
 Driver kills: each incarnation is killed at a fault-injection point (``SAO_FAULT_KILL``, see
 ``sao_jax/faults.py``), the points taken in turn -- ``rollout`` (half a batch collected),
