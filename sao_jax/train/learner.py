@@ -287,7 +287,11 @@ class Learner:
         in_shardings=(self.policy_sh.state, rows, rows,
                       self.policy_sh.params if self._ref is not None else None),
         out_shardings=(self.policy_sh.state, rep), donate_argnums=0)
-    metrics = jax.jit(steps.batch_metrics, in_shardings=(rows, rows, rep), out_shardings=rep)
+    # A fresh partial, as for the other steps: jax shares one compile cache between jits of the
+    # same function object, so a bare ``steps.batch_metrics`` would count other learners'
+    # compiles in ``compilations()``.
+    metrics = jax.jit(functools.partial(steps.batch_metrics), in_shardings=(rows, rows, rep),
+                      out_shardings=rep)
     self._jitted[microbatches] = (targets, critic, policy, metrics, first)
     return self._jitted[microbatches]
 
