@@ -34,7 +34,8 @@ How the numbers are formed (per chip):
   are compiled at 1 and 2 layers (``--depths``) and every byte count is extrapolated linearly
   to the model's depth (``q(L) = q(1) + (q(2) - q(1)) (L - 1)``: exact for parameters and
   optimizer state, an estimate for XLA's temporaries); the table says so. ``--depths=full``
-  compiles the whole model; ``--layers=N`` plans an N-layer model.
+  compiles the whole model (the default for a model whose ``ModelConfig.scan_layers`` is set:
+  a scanned stack compiles in time flat in depth); ``--layers=N`` plans an N-layer model.
 """
 
 from __future__ import annotations
@@ -465,7 +466,8 @@ def extrapolate(at: dict[int, list[Program]], depth: int) -> list[Program]:
 
 def parse_depths(text: str, n_layers: int) -> Optional[tuple[int, int]]:
   """``--depths``: "full" (None: compile the whole model), "auto" (1,2 when the model has more
-  than 2 layers) or "A,B" with 1 <= A < B. Raises ValueError naming ``--depths``."""
+  than 2 layers; ``n_layers`` 0 = a scanned stack, compiled whole) or "A,B" with 1 <= A < B.
+  Raises ValueError naming ``--depths``."""
   text = text.strip().lower()
   if text == "full" or (text == "auto" and n_layers <= 2):
     return None
@@ -592,7 +594,8 @@ def plan(config, sl: Slice, *, model: str = "", layers: int = 0, depths: str = "
   checked.allow_random_init = True  # the plan loads no weights: no checkpoint is needed
   validate_config(checked, num_devices=sl.chips)
   mcfg = model_config(config, model, layers)
-  fit_depths = parse_depths(depths, mcfg.n_layers)
+  # a scanned layer stack compiles in time flat in depth: plan it whole ("auto")
+  fit_depths = parse_depths(depths, 0 if getattr(mcfg, "scan_layers", False) else mcfg.n_layers)
   items = [(key, depth) for depth in (fit_depths or (mcfg.n_layers,))
            for key in LEARNER_PROGRAMS + (ENGINE_PROGRAMS if engine else ())]
   results, info = (runner or measure_in_process)(config, sl, mcfg, items, log)
