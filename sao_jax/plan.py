@@ -57,6 +57,7 @@ import importlib.util  # pylint: disable=wrong-import-position
 import json  # pylint: disable=wrong-import-position
 import math  # pylint: disable=wrong-import-position
 import re  # pylint: disable=wrong-import-position
+import signal  # pylint: disable=wrong-import-position
 import subprocess  # pylint: disable=wrong-import-position
 import sys  # pylint: disable=wrong-import-position
 import time  # pylint: disable=wrong-import-position
@@ -512,6 +513,8 @@ def measure_in_process(config, sl: Slice, mcfg, items, log=print, emit=None):
   return results, info
 
 
+# a worker dying of these while compiling is a compiler crash; others (SIGTERM, SIGKILL) stop
+CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
 MARK = "SAO_PLAN"  # worker protocol lines on stdout: "SAO_PLAN <kind> <payload>"
 
 
@@ -550,10 +553,10 @@ def measure_isolated(argv: Sequence[str], command: Optional[Sequence[str]] = Non
           todo.remove(f"{d['key']}@{depth}")
           started = None
       rc = child.wait()
-      if rc > 0 or (rc < 0 and started is None):
+      if rc > 0 or (rc < 0 and (started is None or -rc not in CRASH_SIGNALS)):
         raise RuntimeError(f"the compile worker stopped with exit status {rc} (its messages are "
                            "above)")
-      if rc < 0:  # killed by a signal while compiling ``started``
+      if rc < 0:  # the compiler crashed while compiling ``started``
         key, depth = started.split("@")
         log(f"  XLA's TPU compiler crashed (signal {-rc}) compiling {key} at {depth} layers; "
             "going on without it")

@@ -226,6 +226,9 @@ def test_a_compiler_crash_loses_one_program_and_the_rest_goes_on(tmp_path, monke
   assert results["decode", 2].name == "engine decode step (compiler crashed)"
   assert results["policy", 2].temp == 3.0 and not results["policy", 2].crashed
   assert sum("crashed (signal 11)" in m for m in logs) == 2
+  worker.write_text(FAKE_WORKER.replace("SIGSEGV", "SIGTERM"))  # stopped, not a crash
+  with pytest.raises(RuntimeError, match="exit status -15"):
+    run(None, None, None, items, logs.append)
   monkeypatch.setenv("CRASH_ON", "")
   worker.write_text("import sys; sys.exit(3)")
   with pytest.raises(RuntimeError, match="exit status 3"):
