@@ -213,7 +213,7 @@ def chip_bytes(tree) -> int:
   return int(total)
 
 
-# ---- compiling -------------------------------------------------------------------------------------
+# ---- compiling ---------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Program:
   """One compiled program's per-chip numbers (bytes; FLOPs per call; ``calls`` per policy step)."""
@@ -313,8 +313,9 @@ def _abstract_steps(config, mcfg, mesh, micro: Optional[int] = None, rows: int =
   learner's plan for ``train.batch_size`` rows of ``model.max_seq_len`` tokens) and their
   abstract arguments."""
   import jax  # pylint: disable=import-outside-toplevel
-  from sao_jax.models.transformer import Critic, Transformer  # pylint: disable=import-outside-toplevel
-  from sao_jax.train.learner import Learner, LearnerConfig  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from sao_jax.models.transformer import Critic, Transformer
+  from sao_jax.train.learner import Learner, LearnerConfig
 
   cfg = dataclasses.replace(LearnerConfig.from_config(config), **overrides)
   pg, pp = abstract_params(Transformer, mcfg)
@@ -414,7 +415,8 @@ def engine_programs(config, mcfg, device, keys: Sequence[str] = ENGINE_PROGRAMS,
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
+  from jax.sharding import Mesh, NamedSharding  # pylint: disable=import-outside-toplevel
+  from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
   from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
   from sao_jax.rollout.engine import SAOEngine  # pylint: disable=import-outside-toplevel
 
@@ -431,12 +433,13 @@ def engine_programs(config, mcfg, device, keys: Sequence[str] = ENGINE_PROGRAMS,
   row = lambda dtype: jax.ShapeDtypeStruct((slots,), dtype, sharding=rep)
   key = _with_sharding(jax.eval_shape(lambda: (jax.random.key(0), jnp.uint32(0))), rep)
   temp = jax.ShapeDtypeStruct((), jnp.float32, sharding=rep)
+  # pylint: disable=protected-access
   calls = {
-      "prefill": (f"engine prefill ({slots}x{t}, 1 chip)", engine._prefill_insert_jit,  # pylint: disable=protected-access
+      "prefill": (f"engine prefill ({slots}x{t}, 1 chip)", engine._prefill_insert_jit,
                   (params, state, row(jnp.int32),
                    jax.ShapeDtypeStruct((slots, t), jnp.int32, sharding=rep), row(jnp.int32),
                    row(jnp.int32), row(jnp.int32), key, temp), {"kv_len": t}),
-      "decode": (f"engine decode step ({slots} slots, 1 chip)", engine._generate_jit,  # pylint: disable=protected-access
+      "decode": (f"engine decode step ({slots} slots, 1 chip)", engine._generate_jit,
                  (params, state, temp), {"kv_len": None})}
   out = []
   for key in keys:
@@ -712,9 +715,9 @@ def format_report(report: dict) -> str:
   ]
   if report["depths"]:
     d1, d2 = report["depths"]
-    lines.append(f"EXTRAPOLATED: the bytes below are fitted linearly in depth from compiles at {d1} "
-                 f"and {d2} layers to {m['layers']} (exact for the states, an estimate for the "
-                 "temporaries; --depths=full compiles the whole model)")
+    lines.append(f"EXTRAPOLATED: the bytes below are fitted linearly in depth from compiles at "
+                 f"{d1} and {d2} layers to {m['layers']} (exact for the states, an estimate "
+                 "for the temporaries; --depths=full compiles the whole model)")
   head = (f"{'program':<44}{'arg':>8}{'out':>8}{'temp':>8}{'other':>8}{'total':>8}{'HBM':>8}"
           f"{'fits':>6}{'TFLOP':>10}")
   lines += ["", f"per chip, {unit} (out: outputs not aliased to a donated argument; other: state "

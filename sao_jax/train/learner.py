@@ -160,8 +160,9 @@ class Learner:
   The params are copied onto the mesh (the caller's arrays stay valid; the learner's own states
   are donated to its steps). Abstract params (every leaf a ``jax.ShapeDtypeStruct``) give
   abstract states (``ShapeDtypeStruct`` leaves with the mesh's shardings) and no device memory:
-  ``jitted_steps()[i].lower(...)`` then compiles the steps ahead of time (``sao_jax.plan``). Raises ValueError on a bad config (as ``LearnerConfig``) or a
-  freeze pattern that matches no critic parameter.
+  ``jitted_steps()[i].lower(...)`` then compiles the steps ahead of time (``sao_jax.plan``).
+  Raises ValueError on a bad config (as ``LearnerConfig``) or a freeze pattern that matches no
+  critic parameter.
   """
 
   def __init__(self, cfg: LearnerConfig, policy_graphdef, policy_params, critic_graphdef=None,
