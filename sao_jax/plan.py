@@ -205,11 +205,10 @@ def chip_bytes(tree) -> int:
   """Bytes of one chip's shard of a pytree of ``ShapeDtypeStruct``s with shardings (the
   largest shard; shards are equal for the even splits the mesh rules choose)."""
   import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
   total = 0
   for x in jax.tree.leaves(tree):
     shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-    total += math.prod(shape) * np.dtype(x.dtype).itemsize
+    total += math.prod(shape) * x.dtype.itemsize  # (PRNG key dtypes have one too)
   return int(total)
 
 
