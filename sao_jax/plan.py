@@ -34,7 +34,8 @@ How the numbers are formed (per chip):
   are compiled at 1 and 2 layers (``--depths``) and every byte count is extrapolated linearly
   to the model's depth (``q(L) = q(1) + (q(2) - q(1)) (L - 1)``: exact for parameters and
   optimizer state, an estimate for XLA's temporaries); the table says so. ``--depths=full``
-  compiles the whole model; ``--layers=N`` plans an N-layer model.
+  compiles the whole model (the default for a model whose ``ModelConfig.scan_layers`` is set:
+  a scanned stack compiles in time flat in depth); ``--layers=N`` plans an N-layer model.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ import importlib.util  # pylint: disable=wrong-import-position
 import json  # pylint: disable=wrong-import-position
 import math  # pylint: disable=wrong-import-position
 import re  # pylint: disable=wrong-import-position
+import signal  # pylint: disable=wrong-import-position
 import subprocess  # pylint: disable=wrong-import-position
 import sys  # pylint: disable=wrong-import-position
 import time  # pylint: disable=wrong-import-position
@@ -203,15 +205,14 @@ def chip_bytes(tree) -> int:
   """Bytes of one chip's shard of a pytree of ``ShapeDtypeStruct``s with shardings (the
   largest shard; shards are equal for the even splits the mesh rules choose)."""
   import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
   total = 0
   for x in jax.tree.leaves(tree):
     shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-    total += math.prod(shape) * np.dtype(x.dtype).itemsize
+    total += math.prod(shape) * x.dtype.itemsize  # (PRNG key dtypes have one too)
   return int(total)
 
 
-# ---- compiling -------------------------------------------------------------------------------------
+# ---- compiling ---------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Program:
   """One compiled program's per-chip numbers (bytes; FLOPs per call; ``calls`` per policy step)."""
@@ -311,8 +312,9 @@ def _abstract_steps(config, mcfg, mesh, micro: Optional[int] = None, rows: int =
   learner's plan for ``train.batch_size`` rows of ``model.max_seq_len`` tokens) and their
   abstract arguments."""
   import jax  # pylint: disable=import-outside-toplevel
-  from sao_jax.models.transformer import Critic, Transformer  # pylint: disable=import-outside-toplevel
-  from sao_jax.train.learner import Learner, LearnerConfig  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  from sao_jax.models.transformer import Critic, Transformer
+  from sao_jax.train.learner import Learner, LearnerConfig
 
   cfg = dataclasses.replace(LearnerConfig.from_config(config), **overrides)
   pg, pp = abstract_params(Transformer, mcfg)
@@ -420,7 +422,8 @@ def engine_programs(config, mcfg, device, keys: Sequence[str] = ENGINE_PROGRAMS,
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # pylint: disable=import-outside-toplevel
+  from jax.sharding import Mesh, NamedSharding  # pylint: disable=import-outside-toplevel
+  from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
   from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
   from sao_jax.rollout.engine import SAOEngine  # pylint: disable=import-outside-toplevel
 
@@ -437,12 +440,13 @@ def engine_programs(config, mcfg, device, keys: Sequence[str] = ENGINE_PROGRAMS,
   row = lambda dtype: jax.ShapeDtypeStruct((slots,), dtype, sharding=rep)
   key = _with_sharding(jax.eval_shape(lambda: (jax.random.key(0), jnp.uint32(0))), rep)
   temp = jax.ShapeDtypeStruct((), jnp.float32, sharding=rep)
+  # pylint: disable=protected-access
   calls = {
-      "prefill": (f"engine prefill ({slots}x{t}, 1 chip)", engine._prefill_insert_jit,  # pylint: disable=protected-access
+      "prefill": (f"engine prefill ({slots}x{t}, 1 chip)", engine._prefill_insert_jit,
                   (params, state, row(jnp.int32),
                    jax.ShapeDtypeStruct((slots, t), jnp.int32, sharding=rep), row(jnp.int32),
                    row(jnp.int32), row(jnp.int32), key, temp), {"kv_len": t}),
-      "decode": (f"engine decode step ({slots} slots, 1 chip)", engine._generate_jit,  # pylint: disable=protected-access
+      "decode": (f"engine decode step ({slots} slots, 1 chip)", engine._generate_jit,
                  (params, state, temp), {"kv_len": None})}
   out = []
   for key in keys:
@@ -473,7 +477,8 @@ def extrapolate(at: dict[int, list[Program]], depth: int) -> list[Program]:
 
 def parse_depths(text: str, n_layers: int) -> Optional[tuple[int, int]]:
   """``--depths``: "full" (None: compile the whole model), "auto" (1,2 when the model has more
-  than 2 layers) or "A,B" with 1 <= A < B. Raises ValueError naming ``--depths``."""
+  than 2 layers; ``n_layers`` 0 = a scanned stack, compiled whole) or "A,B" with 1 <= A < B.
+  Raises ValueError naming ``--depths``."""
   text = text.strip().lower()
   if text == "full" or (text == "auto" and n_layers <= 2):
     return None
@@ -518,6 +523,8 @@ def measure_in_process(config, sl: Slice, mcfg, items, log=print, emit=None):
   return results, info
 
 
+# a worker dying of these while compiling is a compiler crash; others (SIGTERM, SIGKILL) stop
+CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGILL, signal.SIGFPE)
 MARK = "SAO_PLAN"  # worker protocol lines on stdout: "SAO_PLAN <kind> <payload>"
 
 
@@ -556,10 +563,10 @@ def measure_isolated(argv: Sequence[str], command: Optional[Sequence[str]] = Non
           todo.remove(f"{d['key']}@{depth}")
           started = None
       rc = child.wait()
-      if rc > 0 or (rc < 0 and started is None):
+      if rc > 0 or (rc < 0 and (started is None or -rc not in CRASH_SIGNALS)):
         raise RuntimeError(f"the compile worker stopped with exit status {rc} (its messages are "
                            "above)")
-      if rc < 0:  # killed by a signal while compiling ``started``
+      if rc < 0:  # the compiler crashed while compiling ``started``
         key, depth = started.split("@")
         log(f"  XLA's TPU compiler crashed (signal {-rc}) compiling {key} at {depth} layers; "
             "going on without it")
@@ -600,7 +607,8 @@ def plan(config, sl: Slice, *, model: str = "", layers: int = 0, depths: str = "
   checked.allow_random_init = True  # the plan loads no weights: no checkpoint is needed
   validate_config(checked, num_devices=sl.chips)
   mcfg = model_config(config, model, layers)
-  fit_depths = parse_depths(depths, mcfg.n_layers)
+  # a scanned layer stack compiles in time flat in depth: plan it whole ("auto")
+  fit_depths = parse_depths(depths, 0 if getattr(mcfg, "scan_layers", False) else mcfg.n_layers)
   items = [(key, depth) for depth in (fit_depths or (mcfg.n_layers,))
            for key in LEARNER_PROGRAMS + (ENGINE_PROGRAMS if engine else ())]
   results, info = (runner or measure_in_process)(config, sl, mcfg, items, log)
@@ -714,9 +722,9 @@ def format_report(report: dict) -> str:
   ]
   if report["depths"]:
     d1, d2 = report["depths"]
-    lines.append(f"EXTRAPOLATED: the bytes below are fitted linearly in depth from compiles at {d1} "
-                 f"and {d2} layers to {m['layers']} (exact for the states, an estimate for the "
-                 "temporaries; --depths=full compiles the whole model)")
+    lines.append(f"EXTRAPOLATED: the bytes below are fitted linearly in depth from compiles at "
+                 f"{d1} and {d2} layers to {m['layers']} (exact for the states, an estimate "
+                 "for the temporaries; --depths=full compiles the whole model)")
   head = (f"{'program':<44}{'arg':>8}{'out':>8}{'temp':>8}{'other':>8}{'total':>8}{'HBM':>8}"
           f"{'fits':>6}{'TFLOP':>10}")
   lines += ["", f"per chip, {unit} (out: outputs not aliased to a donated argument; other: state "

@@ -230,7 +230,18 @@ def test_a_compiler_crash_loses_one_program_and_the_rest_goes_on(tmp_path, monke
   assert results["decode", 2].name == "engine decode step (compiler crashed)"
   assert results["policy", 2].temp == 3.0 and not results["policy", 2].crashed
   assert sum("crashed (signal 11)" in m for m in logs) == 2
+  worker.write_text(FAKE_WORKER.replace("SIGSEGV", "SIGTERM"))  # stopped, not a crash
+  with pytest.raises(RuntimeError, match="exit status -15"):
+    run(None, None, None, items, logs.append)
   monkeypatch.setenv("CRASH_ON", "")
   worker.write_text("import sys; sys.exit(3)")
   with pytest.raises(RuntimeError, match="exit status 3"):
     run(None, None, None, items, logs.append)
+
+
+def test_chip_bytes_counts_one_chips_shard_and_key_arrays():
+  mesh = sharding.make_mesh({"data": 1}, devices=jax.devices()[:1])
+  rep = NamedSharding(mesh, jax.sharding.PartitionSpec())
+  tree = {"w": jax.ShapeDtypeStruct((4, 6), "bfloat16", sharding=rep),
+          "key": jax.eval_shape(lambda: jax.random.key(0)), "none": None}
+  assert plan.chip_bytes(tree) == 4 * 6 * 2 + 8
