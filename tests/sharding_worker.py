@@ -67,6 +67,40 @@ def fraction(tree, n):
   return max(per.values()) / sharding.total_bytes(tree)
 
 
+def step_temp_bytes(shape):
+  """XLA temp bytes per device of the compiled policy step and first critic update of a dense
+  model whose activations outweigh its parameters (d_model 128, 16 rows x 128 tokens)."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from sao_jax.models import presets  # pylint: disable=import-outside-toplevel
+  from sao_jax.models.transformer import Critic, Transformer  # pylint: disable=import-outside-toplevel
+  from sao_jax.train.batch import Batch  # pylint: disable=import-outside-toplevel
+  b, t = 16, 128
+  cfg = presets.get_preset("tiny-qwen3", vocab_size=256, d_model=128, n_layers=2, head_dim=32,
+                           d_ff=256, max_seq_len=t)
+  pg, pp = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+  cg, cp = nnx.split(Critic(cfg, rngs=nnx.Rngs(1)))
+  lr = Learner(H.learner_config("sao", batch_size=b), pg, nnx.to_pure_dict(pp), cg,
+               nnx.to_pure_dict(cp), pad_id=0, vocab_size=256,
+               mesh=sharding.make_mesh(shape) if shape else None)
+  rows = lr.batch_sharding
+  z = np.zeros((b, t), np.float32)
+  batch = Batch.of(z.astype(np.int32), z + 1, rollout_logprobs=z)
+  batch = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=rows), batch)
+  adv = jax.ShapeDtypeStruct((b, t), np.float32, sharding=rows)
+  _, _, policy, _, first = lr.jitted_steps(1)
+  return {"policy": policy.lower(lr.policy, batch, adv, None).compile(),
+          "first_critic": first.lower(lr.critic, batch).compile()}
+
+
+def activation_temp_fractions():
+  """Per-device temp bytes of each layout's steps / one device's (activations sharded on the
+  batch: about 1 / the batch shards)."""
+  one = {k: c.memory_analysis().temp_size_in_bytes for k, c in step_temp_bytes(None).items()}
+  return {name: {k: c.memory_analysis().temp_size_in_bytes / one[k]
+                 for k, c in step_temp_bytes(shape).items()}
+          for name, shape in LAYOUTS.items() if shape}
+
+
 def modes_and_layouts():
   out, facts = {}, {}
   for mode in modes_lib.MODES:
@@ -87,6 +121,8 @@ def modes_and_layouts():
             "critic_params_fraction": fraction(lr.critic.params, n),
             "critic_opt_fraction": fraction(lr.critic.opt_state, n),
             "expert_spec": str(lr.policy_sh.params["layers"][0]["mlp"]["gate_proj"].spec)}
+  for name, fr in activation_temp_fractions().items():
+    facts[name]["temp_fraction"] = fr
   res = {}
   for mode in modes_lib.MODES:
     ref_losses, ref_params = out[(mode, "one device")]

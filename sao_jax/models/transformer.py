@@ -44,8 +44,10 @@ stacks the per-layer parameters inside the forward only; see ``Transformer``).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from typing import Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +57,32 @@ from flax import nnx
 from sao_jax.models.config import ModelConfig, rope_frequencies
 
 KVCache = list  # list[tuple[jax.Array, jax.Array]], one (k, v) per layer
+
+_ACTIVATION_CONSTRAINT: contextvars.ContextVar = contextvars.ContextVar(
+    "sao_jax_activation_constraint", default=None)
+
+
+@contextlib.contextmanager
+def activation_constraint(constrain: Callable[[jax.Array], jax.Array]) -> Iterator[None]:
+  """Within this context (while a forward is traced), the models pass their residual stream
+  ``x [B, T, D]`` through ``constrain`` after the embedding lookup and after every block.
+
+  The train steps give ``x -> jax.lax.with_sharding_constraint(x, P(batch_axes))`` so that the
+  activations are sharded on the batch's mesh axes. Without it, XLA's propagation lays the
+  activations out like the embedding table (sharded on ``d_model`` under FSDP), and every chip
+  runs every layer on the whole batch: per-chip activation memory then grows with the slice
+  instead of shrinking (MaxText constrains each layer's activations with logical axis rules for
+  the same reason). Read at trace time only; nothing is stored in the modules."""
+  token = _ACTIVATION_CONSTRAINT.set(constrain)
+  try:
+    yield
+  finally:
+    _ACTIVATION_CONSTRAINT.reset(token)
+
+
+def _constrain_activation(x: jax.Array) -> jax.Array:
+  fn = _ACTIVATION_CONSTRAINT.get()
+  return x if fn is None else fn(x)
 
 def _acc_dtype(x: jax.Array):
   """Accumulation dtype for norms, RoPE and softmax: float32, or float64 when x is float64."""
@@ -404,7 +432,7 @@ def block_fn(graphdef, remat: str = "none", prevent_cse: bool = True):
   merging the recomputation into the forward (JAX's ``jax.checkpoint`` documentation)."""
   def f(state, x, positions, attention_mask):
     x, _, router = nnx.merge(graphdef, state)(x, positions, None, attention_mask)
-    return x, router
+    return _constrain_activation(x), router
   if remat == "none":
     return f
   return jax.checkpoint(f, policy=remat_policy(remat), prevent_cse=prevent_cse)
@@ -514,7 +542,7 @@ class Transformer(nnx.Module):
   def _run(self, tokens, positions, cache, attention_mask, kv_len=None, cache_rows=None):
     if cache is not None and attention_mask is not None:
       raise ValueError("attention_mask is only supported without a KV cache.")
-    x = self.embed(tokens).astype(self.cfg.compute_dtype)
+    x = _constrain_activation(self.embed(tokens).astype(self.cfg.compute_dtype))
     if cache is None and (self.cfg.remat != "none" or self.cfg.scan_layers):
       x, router_logits = self._run_blocks(x, positions, attention_mask)
       return self.final_norm(x), None, router_logits
@@ -522,6 +550,7 @@ class Transformer(nnx.Module):
     for i, layer in enumerate(self.layers):
       x, c, r = layer(x, positions, None if cache is None else cache[i], attention_mask, kv_len,
                       cache_rows)
+      x = _constrain_activation(x)
       new_cache.append(c)
       if r is not None:
         router_logits.append(r)
