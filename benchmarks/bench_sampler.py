@@ -90,16 +90,11 @@ def tunix_peer(cfg: ModelConfig, hf_dir: str, new: int):
   weights, or None when tunix does not import."""
   try:
     from tunix.generate import sampler as tsampler  # pylint: disable=import-outside-toplevel
-    from tunix.models.qwen3 import model as tmodel  # pylint: disable=import-outside-toplevel
     from tunix.models.qwen3 import params as tparams  # pylint: disable=import-outside-toplevel
   except ImportError as e:
     print(f"tunix not measured: {e}")
     return None
-  tcfg = tmodel.ModelConfig(num_layers=cfg.n_layers, vocab_size=cfg.vocab_size,
-                            embed_dim=cfg.d_model, hidden_dim=cfg.d_ff, num_heads=cfg.n_heads,
-                            head_dim=cfg.head_dim, num_kv_heads=cfg.n_kv_heads,
-                            rope_theta=int(cfg.rope_theta), norm_eps=cfg.rms_eps,
-                            use_tied_embedding=cfg.tie_embeddings)
+  tcfg = common.tunix_qwen3_config(cfg)
   model = tparams.create_model_from_safe_tensors(hf_dir, tcfg)
   sampler = tsampler.Sampler(model, _IdTokenizer(), tsampler.CacheConfig(
       cache_size=PROMPT + new, num_layers=cfg.n_layers, num_kv_heads=cfg.n_kv_heads,

@@ -183,12 +183,7 @@ def tunix_steps(hf_dir, cfg, batch, value_kernel):
   except ImportError as e:
     print(f"tunix not measured: {e}")
     return None
-  tcfg = tmodel.ModelConfig(num_layers=cfg.n_layers, vocab_size=cfg.vocab_size,
-                            embed_dim=cfg.d_model, hidden_dim=cfg.d_ff, num_heads=cfg.n_heads,
-                            head_dim=cfg.head_dim, num_kv_heads=cfg.n_kv_heads,
-                            rope_theta=int(cfg.rope_theta), norm_eps=cfg.rms_eps,
-                            use_tied_embedding=cfg.tie_embeddings, dtype=cfg.compute_dtype,
-                            param_dtype=jnp.float32)
+  tcfg = common.tunix_qwen3_config(cfg, dtype=cfg.compute_dtype, param_dtype=jnp.float32)
   policy = tparams.create_model_from_safe_tensors(hf_dir, tcfg)
   # create_critic_model swaps the module's `lm_head` for Linear(d_model, 1); a tied model has no
   # lm_head (it decodes with the embedding), so the critic starts from an untied copy of the

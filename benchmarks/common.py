@@ -197,6 +197,17 @@ def uptime() -> str:
     return ""
 
 
+def tunix_qwen3_config(cfg, **extra):
+  """Tunix's ``tunix.models.qwen3.model.ModelConfig`` with the shapes of our ``ModelConfig``
+  ``cfg`` (``extra``: further fields, e.g. ``dtype``); raises ImportError without tunix."""
+  from tunix.models.qwen3 import model as tmodel  # pylint: disable=import-outside-toplevel
+  return tmodel.ModelConfig(num_layers=cfg.n_layers, vocab_size=cfg.vocab_size,
+                            embed_dim=cfg.d_model, hidden_dim=cfg.d_ff, num_heads=cfg.n_heads,
+                            head_dim=cfg.head_dim, num_kv_heads=cfg.n_kv_heads,
+                            rope_theta=int(cfg.rope_theta), norm_eps=cfg.rms_eps,
+                            use_tied_embedding=cfg.tie_embeddings, **extra)
+
+
 def learner_steps(graphdef, params, critic_graphdef, critic_params, lr: float, **train):
   """The main job's own jitted steps for a benchmark: a ``Learner`` on one device from
   ``configs/arith_tool.py`` (``train`` fields overridden; no critic lr warm-up), and its

@@ -84,6 +84,7 @@ def _constrain_activation(x: jax.Array) -> jax.Array:
   fn = _ACTIVATION_CONSTRAINT.get()
   return x if fn is None else fn(x)
 
+
 def _acc_dtype(x: jax.Array):
   """Accumulation dtype for norms, RoPE and softmax: float32, or float64 when x is float64."""
   return jnp.promote_types(x.dtype, jnp.float32)
