@@ -159,12 +159,14 @@ def model_config(config, model: str = "", layers: int = 0):
   """The policy's ``ModelConfig``: the preset ``model`` (``sao_jax.models.presets``), else the
   Hugging Face ``config.json`` in ``model.checkpoint_dir``, else ``config.model`` (a random
   init; vocabulary of the task's tokenizer); lengths and dtypes from ``config.model`` as
-  ``pretrained.load_model`` sets them. ``layers`` > 0 keeps only the first ``layers`` blocks."""
+  ``pretrained.load_model`` sets them, and so are ``remat`` and ``scan_layers`` (how the
+  training forward runs). ``layers`` > 0 keeps only the first ``layers`` blocks."""
   from sao_jax import pretrained  # pylint: disable=import-outside-toplevel
   from sao_jax.models import hf, presets  # pylint: disable=import-outside-toplevel
   from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel
   m = config.model
-  kw = dict(max_seq_len=m.max_seq_len, dtype=m.dtype, param_dtype=m.get("param_dtype", "float32"))
+  kw = dict(max_seq_len=m.max_seq_len, dtype=m.dtype, param_dtype=m.get("param_dtype", "float32"),
+            **pretrained.execution_fields(config))
   if model:
     mcfg = presets.get_preset(model, **kw)
   elif pretrained.source(config) == "hf":

@@ -245,3 +245,15 @@ def test_chip_bytes_counts_one_chips_shard_and_key_arrays():
   tree = {"w": jax.ShapeDtypeStruct((4, 6), "bfloat16", sharding=rep),
           "key": jax.eval_shape(lambda: jax.random.key(0)), "none": None}
   assert plan.chip_bytes(tree) == 4 * 6 * 2 + 8
+
+
+@pytest.mark.parametrize("model", ["qwen3-0.6b", ""])
+def test_the_planned_model_runs_as_the_config_says(model):
+  """``model.remat`` and ``model.scan_layers`` reach the planned ``ModelConfig`` for a preset as
+  for the config's own model (they decide the training forward's memory, so a plan without
+  them measures another program); lengths and dtypes come from the config too."""
+  c = configs.load("aime", "smoke")
+  c.model.remat, c.model.scan_layers, c.model.max_seq_len = "block", True, 1024
+  mcfg = plan.model_config(c, model=model)
+  assert (mcfg.remat, mcfg.scan_layers, mcfg.max_seq_len) == ("block", True, 1024)
+  assert mcfg.dtype == c.model.dtype
