@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from sao_jax.rollout import source, staleness
+from sao_jax.rollout import assembler, staleness
 from sao_jax.rollout.ledger import PromptLedger
 from sao_jax.rollout.trajectory import Trajectory
 from sao_jax.train import modes
@@ -127,14 +127,14 @@ def test_groups_gate_and_staleness():
   the gate hands out only what was released, the collector groups by position."""
   from sao_jax.data.jsonl import Problem  # pylint: disable=import-outside-toplevel
   ledger = PromptLedger([Problem("a", "p", "1"), Problem("b", "q", "2")], seed=0)
-  members = list(itertools.islice(source.repeat_groups(ledger, 3), 6))
+  members = list(itertools.islice(assembler.repeat_groups(ledger, 3), 6))
   assert [h.position for h in members] == [0, 0, 0, 1, 1, 1]
   assert len({h.id for h in members[:3]}) == 1
-  gate = source.GatedProblems(iter(range(10)))
+  gate = assembler.GatedProblems(iter(range(10)))
   assert next(gate) is None
   gate.release(2)
   assert [next(gate), next(gate), next(gate)] == [0, 1, None]
-  col = source.GroupCollector(2)
+  col = assembler.GroupCollector(2)
   assert col.add(_traj("x", position=4)) == [] and col.add(_traj("y", position=5)) == []
   assert col.pending == 2
   done = col.add(_traj("x", position=4))

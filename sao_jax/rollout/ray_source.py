@@ -28,12 +28,10 @@ other actors keep serving meanwhile. A ticket that comes back twice is dropped (
 ``duplicates``). An error raised *inside* an actor (a model mismatch, a prompt too long, a bug)
 is not transient: ``take`` re-raises it at once as its own exception type.
 
-Driver-side policies applied in ``take`` as on the thread backend (the same pieces of
-``rollout.source``): groups (``group_size`` > 1: ``repeat_groups`` + ``GroupCollector``, by
-ledger position), the grpo_sync barrier (``GatedProblems``, released by ``publish``), admission
-control (``AdmissionControl`` is asked before each hand-out, with the driver's policy version)
-and drop-on-arrival (``max_staleness``); then the ledger consumes the positions taken and
-``ledger.jsonl`` records them.
+``take`` is the thread backend's take loop (``rollout.assembler.BatchAssembler``: groups, the
+grpo_sync barrier, the staleness policy, the ledger, length statistics, metric names); this
+module is the transport around it. Its ``AdmissionControl`` is asked before each hand-out (with
+the driver's policy version) and told when a trajectory comes back.
 """
 
 from __future__ import annotations
@@ -46,10 +44,8 @@ import time
 from typing import Any, Optional
 
 
-from sao_jax import faults
-from sao_jax.rollout import ray_local, staleness, weight_sync
-from sao_jax.rollout.ledger import append_ledger
-from sao_jax.rollout.source import GatedProblems, GroupCollector, LengthStats, repeat_groups
+from sao_jax.rollout import ray_local, weight_sync
+from sao_jax.rollout.assembler import Arrival, BatchAssembler
 from sao_jax.rollout.trajectory import Trajectory
 
 
@@ -100,23 +96,24 @@ class RaySource:
     version: their policy version.
     group_size: rollouts per prompt (the grpo modes; 1 = SAO).
     synchronous: the grpo_sync barrier (prompts for batch n+1 only after step n is published).
-    batch_size: trajectories per step (the barrier's release).
-    max_staleness: drop-on-arrival bound (< 0: keep everything).
-    admission: an optional ``AdmissionControl`` shared with the driver.
+    batch_size: trajectories per step (the barrier's release, the admission budget).
+    staleness_policy / max_staleness: ``rollout.staleness_policy`` and eta (``BatchAssembler``).
     run_dir: where ``ledger.jsonl`` is appended ("" = not written).
 
-  Raises ValueError for a bad ``rollout.num_workers`` / ``rollout.weight_sync``.
+  Raises ValueError for a bad ``rollout.num_workers`` / ``rollout.weight_sync`` or a bad
+  staleness policy (``BatchAssembler``).
   """
 
   def __init__(self, config, model_config, ledger, params, version: int = 0, *,
                group_size: int = 1, synchronous: bool = False, batch_size: int = 0,
-               max_staleness: int = -1, admission=None, run_dir: str = ""):
+               staleness_policy: str = "none", max_staleness: int = -1, run_dir: str = ""):
     import ray  # pylint: disable=import-outside-toplevel  (optional: only the ray backend)
     self._ray = ray
-    self.run_dir, self.batch_size = run_dir, int(batch_size)
-    self.lengths = LengthStats()
+    self.assembler = BatchAssembler(
+        ledger, batch_size=batch_size, group_size=group_size, synchronous=synchronous,
+        staleness_policy=staleness_policy, max_staleness=max_staleness, run_dir=run_dir)
+    self.admission = self.assembler.admission
     self._t_last = (0, time.time())
-    self.wait_s = 0.0
     r = config.rollout
     n = int(_config_get(r, "num_workers", 2))
     if n < 1:
@@ -128,29 +125,18 @@ class RaySource:
       ray_local.init_ray(_config_get(r, "ray_address", ""), log_to_driver=True)
       self._owns_ray = True
     self.ledger = ledger
-    self.group_size = int(group_size)
-    self.max_staleness = int(max_staleness)
-    self.admission = admission
     self.max_outstanding = int(_config_get(r, "ray_max_outstanding", 0)) or 2 * int(r.slots)
     self.queue_size = int(_config_get(r, "queue_size", 64))
     transport = weight_sync.resolve_transport(_config_get(r, "weight_sync", "auto"))
     self.publisher = weight_sync.WeightPublisher(transport)
     self.publisher.publish(params, version)
     self.version = int(version)
-    problems = repeat_groups(ledger, self.group_size) if self.group_size > 1 else ledger
-    self.gate = None
-    if synchronous:
-      problems = self.gate = GatedProblems(problems)
-      self.gate.release(self.batch_size)
-    self._problems = problems
-    self._collector = GroupCollector(self.group_size)
     self._tickets = itertools.count()
     self._reissue: collections.deque = collections.deque()   # (ticket, problem) to hand out first
-    self._arrived: collections.deque = collections.deque()   # finished, not yet taken
+    self._arrived: collections.deque = collections.deque()   # (finished, monotonic s), not taken
     self.handed_out: set = set()
     self.returned: set = set()
     self.counters = collections.Counter()
-    self.last_positions: list = []
     resources = dict(_config_get(r, "ray_resources", {}) or {})
     cls = ray.remote(RolloutActor).options(
         num_cpus=float(_config_get(r, "ray_num_cpus", 1)),
@@ -166,53 +152,37 @@ class RaySource:
     is done (newest wins: versions published meanwhile are skipped)."""
     self.publisher.publish(params, version)
     self.version = int(version)
-    if self.gate is not None:  # grpo_sync: the next batch starts only on the new weights
-      self.gate.release(self.batch_size)
+    self.assembler.published(version)  # grpo_sync: the next batch starts on the new weights
     self._pump()
 
+  @property
+  def lengths(self):
+    """Generated / trained / dropped response lengths (``assembler.LengthStats``)."""
+    return self.assembler.lengths
+
+  @property
+  def last_positions(self) -> list:
+    """Ledger positions the last ``take`` consumed."""
+    return self.assembler.last_positions
+
   def take(self, n: int, policy_version: int) -> list[Trajectory]:
-    """Blocks until ``n`` trajectories (whole groups) not staler than ``max_staleness`` have
-    arrived; consumes their prompts in the ledger (positions in ``self.last_positions``).
+    """``n`` trajectories (whole groups) through ``BatchAssembler.take``: groups,
+    drop-on-arrival, ledger consumption (positions in ``self.last_positions``).
 
     Raises the actors' own error when one fails inside (non-transient), and RuntimeError when
     every actor is gone for good."""
     self.version = max(self.version, int(policy_version))
-    t0 = time.perf_counter()
-    out: list[Trajectory] = []
-    kill_at = n // 2  # fault injection, as in ThreadSource: once half the batch is collected
-    while len(out) < n:
-      while self._arrived and len(out) < n:
-        if len(out) >= kill_at:
-          faults.maybe_kill("rollout", policy_version + 1)
-          kill_at = n + 1
-        traj = self._arrived.popleft()
-        if self.admission is not None:
-          self.admission.finish(accepted=not traj.info.get("failed", False))
-        self.lengths.generated.append(traj.num_action_tokens)
-        for unit in self._collector.add(traj):
-          if self.max_staleness >= 0 and any(
-              staleness.is_too_stale(t, policy_version, self.max_staleness) for t in unit):
-            self.counters["dropped_stale"] += len(unit)
-            self.lengths.dropped.extend(t.num_action_tokens for t in unit)
-            self.ledger.consume([unit[0].prompt_position])  # dropped work is done work
-            for _ in unit if self.admission is not None else ():
-              self.admission.revoke()
-          else:
-            out.extend(unit)
-      if len(out) >= n:
-        break
-      if len(out) >= kill_at:
-        faults.maybe_kill("rollout", policy_version + 1)
-        kill_at = n + 1
-      self._pump()
-      self._wait_and_collect(timeout_s=0.5)
-    self.last_positions = sorted({t.prompt_position for t in out})
-    self.ledger.consume(self.last_positions)
-    self.lengths.trained.extend(t.num_action_tokens for t in out)
-    if self.run_dir:
-      append_ledger(self.run_dir, policy_version + 1, out)
-    self.wait_s = time.perf_counter() - t0
-    return out
+    return self.assembler.take(n, policy_version, self._next_arrival)
+
+  def _next_arrival(self) -> Arrival:
+    """The oldest trajectory the actors returned and its wait (s) on the driver; else feeds the
+    actors (weights, prompts, polls), waits up to 0.5 s for replies and returns None."""
+    if self._arrived:
+      traj, t = self._arrived.popleft()
+      return traj, time.monotonic() - t
+    self._pump()
+    self._wait_and_collect(timeout_s=0.5)
+    return None
 
   def metrics(self) -> dict[str, float]:
     """Rollout counters: per actor ``ray/actor{i}_trajectories``, ``_version``, ``_restarts``;
@@ -225,17 +195,18 @@ class RaySource:
       m[f"ray/actor{a.index}_restarts"] = float(a.restarts)
     m["ray/restarts"] = float(sum(a.restarts for a in self.actors))
     m["ray/outstanding"] = float(sum(len(a.outstanding) for a in self.actors) + len(self._reissue))
-    for k in ("reissued", "duplicates", "dropped_stale"):
+    for k in ("reissued", "duplicates"):
       m[f"ray/{k}"] = float(self.counters[k])
+    taken = self.assembler.metrics()
+    m["ray/dropped_stale"] = taken["dropped_stale"]
     # the thread backend's names, so the driver logs the same columns
     trajs = sum(a.trajectories for a in self.actors)
     tokens, now = sum(self.lengths.generated), time.time()
     last_tokens, t_last = self._t_last
     self._t_last = (tokens, now)
-    m.update(rollout_trajectories=float(trajs), wait_s=self.wait_s, dropped_stale=float(self.counters["dropped_stale"]),
+    m.update(rollout_trajectories=float(trajs),
              tokens_per_s=(tokens - last_tokens) / max(now - t_last, 1e-9),
-             env_errors_total=float(self.counters["env_errors"]),
-             **{k: v for k, v in self.lengths.summary().items() if k != "trajectories_dropped"})
+             env_errors_total=float(self.counters["env_errors"]), **taken)
     return m
 
   def state(self) -> dict:
@@ -267,7 +238,7 @@ class RaySource:
       return self._reissue.popleft()
     if self.admission is not None and not self.admission.try_start(self.version):
       return None
-    handout = next(self._problems)
+    handout = next(self.assembler.problems)
     if handout is None:  # the grpo_sync barrier: nothing released yet
       if self.admission is not None:
         self.admission.finish(accepted=False)
@@ -350,8 +321,11 @@ class RaySource:
         self.returned.add(ticket)
         a.trajectories += 1
         traj.info = dict(traj.info, rollout_actor=a.index, rollout_incarnation=a.incarnation)
-        self.counters["env_errors"] += int(bool(traj.info.get("failed")))
-        self._arrived.append(traj)
+        failed = bool(traj.info.get("failed"))
+        self.counters["env_errors"] += int(failed)
+        if self.admission is not None:  # the rollout ended (as the thread worker reports it)
+          self.admission.finish(accepted=not failed)
+        self._arrived.append((traj, time.monotonic()))
 
   def _on_lost(self, a: _Actor, restarted: bool = False) -> None:
     """Actor ``a`` died (or came back as a new incarnation): its prompts go out again, first."""

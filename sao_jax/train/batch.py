@@ -160,7 +160,7 @@ def _check_groups(trajectories: Sequence[Trajectory], group_size: int) -> None:
           f"{what}: a group of {len(rows)} trajectories (rows {rows[:8]}), but "
           f"train.group_size={group_size}: a grpo mode normalises advantages over whole groups "
           f"of G rollouts of one prompt; feed whole groups (the sources do: "
-          "rollout/source.py:GroupCollector).")
+          "rollout/assembler.py:GroupCollector).")
 
 
 def build_batch(trajectories: Sequence[Trajectory], pad_id: int, *, length: int = 0,

@@ -17,7 +17,6 @@ from flax import nnx
 from sao_jax import faults, pretrained
 from sao_jax.envs.guard import GuardedEnv
 from sao_jax.models.transformer import Critic, ModelConfig, Transformer
-from sao_jax.rollout import staleness
 from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.ledger import PromptLedger
 from sao_jax.rollout.source import ThreadSource
@@ -137,12 +136,9 @@ def make_source(config, task, policy: Policy, params, version: int, ledger: Prom
   eta = config.rollout.max_staleness
   if config.rollout.backend == "ray":  # N rollout actors (rollout/ray_source.py)
     from sao_jax.rollout.ray_source import RaySource  # pylint: disable=import-outside-toplevel  (ray is heavy and optional)
-    admission = (staleness.AdmissionControl(eta, config.train.batch_size)
-                 if "admission" in policy_name else None)
     return RaySource(config, policy.mcfg, ledger, params, version, group_size=spec.group_size,
                      synchronous=spec.synchronous, batch_size=config.train.batch_size,
-                     max_staleness=eta if "drop" in policy_name else -1, admission=admission,
-                     run_dir=run_dir)
+                     staleness_policy=policy_name, max_staleness=eta, run_dir=run_dir)
   engine = make_engine(config, policy, task.tokenizer, slots=config.rollout.slots,
                        temperature=config.rollout.temperature)
   seed = faults.step_seed(config.seed, start_step) if start_step else config.seed

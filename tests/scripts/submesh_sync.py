@@ -12,7 +12,6 @@ from flax import nnx
 from sao_jax.models.transformer import ModelConfig, Transformer
 from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.placement import ReshardingWeightStore, replicated, split_devices
-from sao_jax.rollout.staleness import take_batch
 from sao_jax.rollout.sync import TrajectoryQueue
 from sao_jax.rollout.worker import RolloutWorker
 from sao_jax.train.learner import Learner, LearnerConfig
@@ -85,7 +84,7 @@ def main():
   thread = worker.start_thread(stop)
   train_intervals, versions_seen = [], set()
   for step in range(1, 6):
-    trajs, _, _ = take_batch(queue, 8, step - 1)
+    trajs = [queue.get(timeout=120)[0] for _ in range(8)]
     for t in trajs:
       versions_seen.update(t.policy_version[t.action_mask > 0].tolist())
     t0 = time.time()
