@@ -186,8 +186,8 @@ class RaySource:
 
   def metrics(self) -> dict[str, float]:
     """Rollout counters: per actor ``ray/actor{i}_trajectories``, ``_version``, ``_restarts``;
-    totals ``ray/restarts``, ``ray/reissued``, ``ray/duplicates``, ``ray/dropped_stale``,
-    ``ray/outstanding``."""
+    totals ``ray/restarts``, ``ray/reissued``, ``ray/duplicates``, ``ray/outstanding``; and the
+    thread backend's names (the take loop's ``BatchAssembler.metrics`` among them)."""
     m = {}
     for a in self.actors:
       m[f"ray/actor{a.index}_trajectories"] = float(a.trajectories)
@@ -197,8 +197,6 @@ class RaySource:
     m["ray/outstanding"] = float(sum(len(a.outstanding) for a in self.actors) + len(self._reissue))
     for k in ("reissued", "duplicates"):
       m[f"ray/{k}"] = float(self.counters[k])
-    taken = self.assembler.metrics()
-    m["ray/dropped_stale"] = taken["dropped_stale"]
     # the thread backend's names, so the driver logs the same columns
     trajs = sum(a.trajectories for a in self.actors)
     tokens, now = sum(self.lengths.generated), time.time()
@@ -206,7 +204,7 @@ class RaySource:
     self._t_last = (tokens, now)
     m.update(rollout_trajectories=float(trajs),
              tokens_per_s=(tokens - last_tokens) / max(now - t_last, 1e-9),
-             env_errors_total=float(self.counters["env_errors"]), **taken)
+             env_errors_total=float(self.counters["env_errors"]), **self.assembler.metrics())
     return m
 
   def state(self) -> dict:

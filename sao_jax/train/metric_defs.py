@@ -190,7 +190,6 @@ METRICS: dict[str, MetricDef] = {
     "ray/restarts": _m("restarts", "ray", "actor restarts, all actors"),
     "ray/reissued": _m("prompts", "ray", "prompts issued again after their actor died"),
     "ray/duplicates": _m("trajectories", "ray", "trajectories that came back twice (dropped)"),
-    "ray/dropped_stale": _m("trajectories", "ray", "trajectories dropped for staleness"),
     "ray/outstanding": _m("prompts", "ray", "prompts handed out and not yet returned"),
 }
 
