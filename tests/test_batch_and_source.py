@@ -164,7 +164,8 @@ def test_drop_policy_reports_generated_trained_and_dropped_lengths():
               "response_tokens_dropped_mean"):
     assert 1.0 <= m[key] <= 6.0, (key, m[key])
   n_gen = len(src.lengths.generated)
-  assert n_gen == len(src.lengths.trained) + len(src.lengths.dropped) + src.assembler.collector.pending
+  pending = src.assembler.collector.pending
+  assert n_gen == len(src.lengths.trained) + len(src.lengths.dropped) + pending
 
 
 def test_lockstep_delay_samples_with_the_weights_of_version_minus_d_in_groups():

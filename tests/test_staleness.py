@@ -17,7 +17,7 @@ from sao_jax.rollout.trajectory import Trajectory
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "experiments"))
-from staleness_lengths import length_histogram, simulate  # noqa: E402  pylint: disable=wrong-import-position
+from staleness_lengths import length_histogram, simulate  # noqa: E402
 
 
 def _traj(versions, n_prompt=2):
