@@ -18,6 +18,14 @@ def maybe_kill(point: str, step: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def env_fault_rate() -> float:
+  """``$SAO_FAULT_ENV_RATE`` (probability per ``env.step`` of an injected fault, see
+  ``envs/guard.GuardedEnv``) as a float; 0 when unset (real runs). Read wherever a
+  ``GuardedEnv`` is built for training: the driver (thread backend) and each Ray rollout actor
+  (a local Ray's actors inherit the driver's environment)."""
+  return float(os.environ.get("SAO_FAULT_ENV_RATE", "0"))
+
+
 def step_seed(seed: int, step: int) -> int:
   """A 31-bit seed derived from (seed, step) (numpy SeedSequence)."""
   return int(np.random.SeedSequence([int(seed), int(step)]).generate_state(1)[0] >> 1)

@@ -51,6 +51,9 @@ def test_batch_layout_hand_worked():
   assert rewards[2].tolist() == [0, 0, 0, 1, 0, 0, 0, 0] and rewards[3:].sum() == 0
 
 
+_R = "Trajectory.reward for trajectory 1 (prompt 'q7')"  # envs/guard.check_reward's message
+
+
 @pytest.mark.parametrize("bad, field", [
     (dict(action_mask=np.ones(5, np.float32)), "'action_mask' has 5 entries but 'tokens' has 6"),
     (dict(logprobs=np.zeros(7, np.float32)), "'logprobs' has 7 entries"),
@@ -60,10 +63,10 @@ def test_batch_layout_hand_worked():
     (dict(policy_version=np.array([-1, -1, -1, 4, -1, 4], np.int32)),
      "'policy_version'[2] = -1 on an action token"),
     (dict(logprobs=np.array([0, 0, np.nan, -1, 0, -1], np.float32)), "'logprobs'"),
-    (dict(reward=float("inf")), "'reward' = inf is not finite"),
-    (dict(reward=None), "'reward' is NoneType None, not a number"),
-    (dict(reward="1.0"), "'reward' is str '1.0', not a number"),
-    (dict(reward=np.ones(2)), "'reward' has shape (2,), not one scalar per trajectory"),
+    (dict(reward=float("inf")), _R + " is inf, not finite"),
+    (dict(reward=None), _R + " is NoneType None, not a real number"),
+    (dict(reward="1.0"), _R + " is str '1.0', not a real number"),
+    (dict(reward=np.ones(2)), _R + " has shape (2,), not one scalar per episode"),
 ])
 def test_malformed_trajectory_is_refused_naming_it_and_the_field(bad, field):
   good = _traj()

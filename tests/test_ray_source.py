@@ -326,3 +326,45 @@ def test_ray_smoke_run_listens_on_loopback_only(tmp_path):
              for pid, (n, socks) in listed.items()}
   assert not any(e for _, e in exposed.values()), f"listening beyond loopback: {exposed}"
   assert not left, "a raylet / gcs_server outlived the run"
+
+
+# ---- the actor class itself (no Ray: RolloutActor is a plain class until ray.remote wraps it) --
+def _plain_actor():
+  from sao_jax import tasks
+  from sao_jax.pretrained import model_config
+  from sao_jax.rollout.ray_actor import RolloutActor
+  config = _config()
+  mcfg = model_config(config, tasks.make_task(config).tokenizer.vocab_size)
+  return RolloutActor(config.to_dict(), mcfg, 0)
+
+
+def test_rollout_actor_injects_env_faults_at_the_rate_the_soak_sets(monkeypatch):
+  """``SAO_FAULT_ENV_RATE`` reaches the actor's ``GuardedEnv`` as on the thread backend (the Ray
+  soak injected no env faults while the actor built its env with the default rate 0)."""
+  monkeypatch.setenv("SAO_FAULT_ENV_RATE", "0.25")
+  assert _plain_actor().env.fault_rate == 0.25
+  monkeypatch.delenv("SAO_FAULT_ENV_RATE")
+  assert _plain_actor().env.fault_rate == 0.0
+
+
+def test_rollout_actor_returns_each_ticket_with_its_hand_out_when_a_problem_is_in_flight_twice():
+  """The same problem at two ledger positions (two epochs) in flight at one actor, finishing in
+  the reverse order: each trajectory comes back with the ticket of its own hand-out. (Matched
+  by problem id, position 9's trajectory came back under position 2's ticket; when the actor
+  then died, the driver issued position 9 again and the ledger refused the second consume.)"""
+  import types
+  from sao_jax.rollout.ledger import Handout
+  from sao_jax.rollout.trajectory import Trajectory
+  actor = _plain_actor()
+  actor.store = types.SimpleNamespace(version=0)
+  problem = actor.task.train_problems[0]
+  actor.submit(actor.incarnation, [(100, Handout(problem, 2)), (101, Handout(problem, 9))])
+  admitted = actor._problems()
+  assert [next(admitted).position, next(admitted).position] == [2, 9]
+  for position in (9, 2):  # reverse order of admission
+    actor._sink(Trajectory(str(problem.id), np.zeros(1, np.int32), np.zeros(1, np.float32),
+                           np.zeros(1, np.float32), np.zeros(1, np.int32), 0.0,
+                           prompt_position=position))
+  got = actor.poll(0)["trajectories"]
+  assert [(ticket, t.prompt_position) for ticket, t in got] == [(101, 9), (100, 2)]
+  assert actor.submit(actor.incarnation, []) == 0  # nothing left held

@@ -389,11 +389,11 @@ def test_learner_refuses_an_empty_batch_a_bad_reward_and_an_incomplete_group():
   with pytest.raises(BatchError, match="^no trajectories"):
     sao.train_step([], 0)
   trajs = H.make_trajectories(pg, pp)
-  for bad, what in ((None, "is NoneType None, not a number"),
-                    ("1.0", "is str '1.0', not a number"),
+  for bad, what in ((None, "is NoneType None, not a real number"),
+                    ("1.0", "is str '1.0', not a real number"),
                     (np.array([1.0, 0.0]), r"has shape \(2,\), not one scalar")):
     rows = trajs[:5] + [dataclasses.replace(trajs[5], reward=bad)] + trajs[6:]
-    with pytest.raises(BatchError, match=f"trajectory 5 .*field 'reward' {what}"):
+    with pytest.raises(BatchError, match=f"Trajectory.reward for trajectory 5 .* {what}"):
       sao.train_step(rows, 0)
   assert H.max_abs_diff(before, jax.device_get(sao.policy.params)) == 0.0  # nothing trained
   assert sum(sao.compilations().values()) == 0

@@ -93,11 +93,12 @@ class GuardedEnv:
     return out
 
 
-def check_reward(reward, where: str = "") -> float:
+def check_reward(reward, where: str = "", field: str = "EnvStep.reward") -> float:
   """``reward`` as a Python float if it is one finite real number: a bool, int or float, a
   NumPy / JAX scalar or a 0-d array of one. Anything else -- a string (even "1.0"), None, a
-  complex number, an array of shape (2,) or (1,), NaN, inf -- raises ValueError naming the field
-  (``EnvStep.reward``), ``where`` (e.g. "problem 17"), the value and what to return instead."""
+  complex number, an array of shape (2,) or (1,), NaN, inf -- raises ValueError naming ``field``
+  (``EnvStep.reward`` here, ``Trajectory.reward`` at the learner, ``train/batch.py``), ``where``
+  (e.g. "problem 17"), the value and what to return instead."""
   a = None
   if reward is not None and not isinstance(reward, (str, bytes)):
     try:
@@ -112,5 +113,5 @@ def check_reward(reward, where: str = "") -> float:
     problem = f"is {float(a)!r}, not finite"
   else:
     return float(a)
-  raise ValueError(f"EnvStep.reward{' for ' + where if where else ''} {problem}; env.step must "
+  raise ValueError(f"{field}{' for ' + where if where else ''} {problem}; env.step must "
                    "return one finite float (e.g. 1.0 or 0.0) as a finished episode's reward.")

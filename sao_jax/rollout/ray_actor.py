@@ -20,7 +20,7 @@ import ml_collections
 from sao_jax.rollout import weight_sync
 from sao_jax.rollout.trajectory import Trajectory
 from flax import nnx
-from sao_jax import tasks
+from sao_jax import faults, tasks
 from sao_jax.envs.guard import GuardedEnv
 from sao_jax.models.transformer import Transformer
 from sao_jax.rollout.engine import SAOEngine
@@ -59,14 +59,18 @@ class RolloutActor:
                             temperature=config.rollout.temperature, seed=seed)
     self.env_workers = env_workers_for(config)
     self.env = GuardedEnv(self.task.env, timeout_s=config.rollout.get("env_timeout_s", 30.0),
-                          seed=seed, max_workers=max(4, self.env_workers))
+                          fault_rate=faults.env_fault_rate(), seed=seed,
+                          max_workers=max(4, self.env_workers))
     self.seed = seed
     self.puller = weight_sync.WeightPuller()
     self.store = None  # WeightStore, created by the first set_weights
     self.first_serve_version = -1  # policy version when this incarnation admitted its 1st prompt
     self.pull_s = 0.0
     self._inbox: collections.deque = collections.deque()
-    self._tickets: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+    # ledger position -> tickets of the hand-outs admitted at it (FIFO): a trajectory carries its
+    # position, unique per hand-out (the copies of one GRPO group share it and are
+    # interchangeable); a problem id is not unique (the same problem in two epochs)
+    self._tickets: dict[int, collections.deque] = collections.defaultdict(collections.deque)
     self._out: list = []
     self._cond = threading.Condition()
     self._stop = threading.Event()
@@ -91,9 +95,9 @@ class RolloutActor:
     return self.store.version
 
   def submit(self, incarnation: str, items: list) -> int:
-    """Queues ``items`` (``[(ticket, Problem)]``) for rollout. Items meant for another
-    incarnation (sent before the driver saw this one start) are ignored: the driver issues
-    them again. Returns the number of prompts queued here and not yet finished."""
+    """Queues ``items`` (``[(ticket, Handout)]``: ledger hand-outs) for rollout. Items meant for
+    another incarnation (sent before the driver saw this one start) are ignored: the driver
+    issues them again. Returns the number of prompts queued here and not yet finished."""
     with self._cond:
       if incarnation == self.incarnation:
         self._inbox.extend(items)
@@ -133,16 +137,16 @@ class RolloutActor:
         item = self._inbox.popleft() if self._inbox else None
         if item is not None:
           ticket, problem = item
-          self._tickets[str(problem.id)].append(ticket)
+          self._tickets[problem.position].append(ticket)
           if self.first_serve_version < 0:
             self.first_serve_version = self.store.version
       yield None if item is None else problem
 
   def _sink(self, traj: Trajectory) -> bool:
     with self._cond:
-      ticket = self._tickets[traj.problem_id].popleft()
-      if not self._tickets[traj.problem_id]:
-        del self._tickets[traj.problem_id]
+      ticket = self._tickets[traj.prompt_position].popleft()
+      if not self._tickets[traj.prompt_position]:
+        del self._tickets[traj.prompt_position]
       self._out.append((ticket, traj))
       self._cond.notify_all()
     return not self._stop.is_set()

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from sao_jax.envs.guard import check_reward
 from sao_jax.rollout.trajectory import Trajectory, bucket_length
 
 
@@ -116,28 +117,10 @@ def _check(i: int, t: Trajectory, vocab_size: Optional[int]) -> None:
   if not np.isfinite(logp).all() or (logp > 1e-6).any():
     raise BatchError(f"{name}: field 'logprobs' holds a non-finite or positive log-prob on an "
                      "action token; it must be the engine's log-prob (<= 0).")
-  _check_reward(name, t.reward)
-
-
-def _check_reward(name: str, reward) -> None:
-  """One finite real number (bool, int, float, NumPy/JAX scalar or 0-d array), else
-  ``BatchError`` naming the field."""
-  a = None
-  if reward is not None and not isinstance(reward, (str, bytes)):
-    try:
-      a = np.asarray(reward)
-    except Exception:  # pylint: disable=broad-except  (an object NumPy cannot read)
-      a = None
-  if a is None or a.dtype.kind not in "biuf":
-    problem = f"is {type(reward).__name__} {reward!r}, not a number"
-  elif a.ndim:
-    problem = f"has shape {a.shape}, not one scalar per trajectory"
-  elif not np.isfinite(a):
-    problem = f"= {reward!r} is not finite"
-  else:
-    return
-  raise BatchError(f"{name}: field 'reward' {problem}; each trajectory needs one finite float "
-                   "reward (the environment's EnvStep.reward of the finished episode).")
+  try:  # the env guard's check (the same rules at both boundaries)
+    check_reward(t.reward, name, field="Trajectory.reward")
+  except ValueError as e:
+    raise BatchError(str(e)) from None
 
 
 def require_trajectories(trajectories: Sequence[Trajectory]) -> None:

@@ -5,7 +5,6 @@ evaluation. Each function reads the config fields it names and nothing else."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Any, Optional
 
@@ -145,7 +144,7 @@ def make_source(config, task, policy: Policy, params, version: int, ledger: Prom
   engine.reseed(seed)
   env_workers = env_workers_for(config)  # >0: env.step off the decode loop (slow tool calls)
   env = GuardedEnv(task.env, timeout_s=config.rollout.env_timeout_s,
-                   fault_rate=float(os.environ.get("SAO_FAULT_ENV_RATE", "0")), seed=config.seed,
+                   fault_rate=faults.env_fault_rate(), seed=config.seed,
                    max_workers=max(4, env_workers))
   return ThreadSource(
       engine, env, ledger, params, version, stop_ids=task.stop_ids,
