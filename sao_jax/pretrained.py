@@ -39,7 +39,7 @@ def is_run_folder(path: str) -> bool:
 def source(config) -> str:
   """"gguf", "hf", "orbax" or "random"."""
   m = config.model
-  if m.get("gguf", ""):
+  if m.gguf:
     return "gguf"
   if m.checkpoint_dir:
     hf = (os.path.isfile(os.path.join(m.checkpoint_dir, "config.json"))
