@@ -46,7 +46,7 @@ import time
 from typing import Any, Optional
 
 
-from sao_jax import faults
+from sao_jax import faults, roles
 from sao_jax.rollout import ray_local, staleness, weight_sync
 from sao_jax.rollout.ledger import append_ledger
 from sao_jax.rollout.source import GatedProblems, GroupCollector, LengthStats, repeat_groups
@@ -79,19 +79,15 @@ class _Actor:
   pid: int = -1
 
 
-def _config_get(cfg, key: str, default):
-  return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-
-
 class RaySource:
   """``TrajectorySource`` over ``rollout.num_workers`` Ray rollout actors.
 
   Args:
-    config: the run's ``ConfigDict``. Read: ``rollout.num_workers`` (default 2),
+    config: the run's ``roles.Run`` (a ConfigDict is converted with ``roles.from_config``). Read:
+      ``rollout.num_workers``,
       ``rollout.ray_address`` ("" = start a local Ray listening on 127.0.0.1 only, else join
-      it), ``rollout.ray_num_cpus``
-      (1), ``rollout.ray_num_gpus`` (0), ``rollout.ray_resources`` (dict, e.g. ``{"TPU": 4}``),
-      ``rollout.ray_max_restarts`` (4), ``rollout.ray_max_outstanding`` (0 = 2 x
+      it), ``rollout.ray_num_cpus``, ``rollout.ray_num_gpus``, ``rollout.ray_resources`` (dict,
+      e.g. ``{"TPU": 4}``), ``rollout.ray_max_restarts``, ``rollout.ray_max_outstanding`` (0 = 2 x
       ``rollout.slots``: prompts one actor holds at a time), ``rollout.weight_sync`` ("auto" |
       "transfer" | "object_store"), and everything ``RolloutActor`` reads.
     model_config: the trainer's ``ModelConfig``.
@@ -117,23 +113,24 @@ class RaySource:
     self.lengths = LengthStats()
     self._t_last = (0, time.time())
     self.wait_s = 0.0
-    r = config.rollout
-    n = int(_config_get(r, "num_workers", 2))
+    run = config if isinstance(config, roles.Run) else roles.from_config(config)
+    r = run.rollout  # typed: one default per field (sao_jax/roles.py)
+    n = r.num_workers
     if n < 1:
       raise ValueError(f"rollout.num_workers={n}; need >= 1 rollout actor.")
     self._owns_ray = False
     if not ray.is_initialized():
       # "" (a laptop run): a local Ray with every port on 127.0.0.1 (rollout/ray_local.py);
       # else the user's cluster, whose ports and access are its own (README)
-      ray_local.init_ray(_config_get(r, "ray_address", ""), log_to_driver=True)
+      ray_local.init_ray(r.ray_address, log_to_driver=True)
       self._owns_ray = True
     self.ledger = ledger
     self.group_size = int(group_size)
     self.max_staleness = int(max_staleness)
     self.admission = admission
-    self.max_outstanding = int(_config_get(r, "ray_max_outstanding", 0)) or 2 * int(r.slots)
-    self.queue_size = int(_config_get(r, "queue_size", 64))
-    transport = weight_sync.resolve_transport(_config_get(r, "weight_sync", "auto"))
+    self.max_outstanding = int(r.ray_max_outstanding) or 2 * int(r.slots)
+    self.queue_size = int(r.queue_size)
+    transport = weight_sync.resolve_transport(r.weight_sync)
     self.publisher = weight_sync.WeightPublisher(transport)
     self.publisher.publish(params, version)
     self.version = int(version)
@@ -151,13 +148,13 @@ class RaySource:
     self.returned: set = set()
     self.counters = collections.Counter()
     self.last_positions: list = []
-    resources = dict(_config_get(r, "ray_resources", {}) or {})
+    resources = dict(r.ray_resources or {})
     cls = ray.remote(RolloutActor).options(
-        num_cpus=float(_config_get(r, "ray_num_cpus", 1)),
-        num_gpus=float(_config_get(r, "ray_num_gpus", 0)), resources=resources or None,
-        max_restarts=int(_config_get(r, "ray_max_restarts", 4)), max_task_retries=0,
+        num_cpus=float(r.ray_num_cpus),
+        num_gpus=float(r.ray_num_gpus), resources=resources or None,
+        max_restarts=int(r.ray_max_restarts), max_task_retries=0,
         max_concurrency=1)
-    cfg_dict = config.to_dict()
+    cfg_dict = dataclasses.asdict(run)
     self.actors = [_Actor(cls.remote(cfg_dict, model_config, i), i) for i in range(n)]
 
   # ---- TrajectorySource -----------------------------------------------------------------------

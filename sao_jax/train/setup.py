@@ -5,7 +5,6 @@ evaluation. Each function reads the config fields it names and nothing else."""
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Any, Optional
 
@@ -14,8 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sao_jax import faults, pretrained
-from sao_jax.envs.guard import GuardedEnv
+from sao_jax import build, faults, pretrained
 from sao_jax.models.transformer import Critic, ModelConfig, Transformer
 from sao_jax.rollout import staleness
 from sao_jax.rollout.engine import SAOEngine
@@ -147,10 +145,7 @@ def make_source(config, task, policy: Policy, params, version: int, ledger: Prom
                        temperature=config.rollout.temperature)
   seed = faults.step_seed(config.seed, start_step) if start_step else config.seed
   engine.reseed(seed)
-  env_workers = env_workers_for(config)  # >0: env.step off the decode loop (slow tool calls)
-  env = GuardedEnv(task.env, timeout_s=config.rollout.env_timeout_s,
-                   fault_rate=float(os.environ.get("SAO_FAULT_ENV_RATE", "0")), seed=config.seed,
-                   max_workers=max(4, env_workers))
+  env, env_workers = build.rollout_env(config, task.env, config.seed)
   return ThreadSource(
       engine, env, ledger, params, version, stop_ids=task.stop_ids,
       max_new_tokens=config.rollout.max_new_tokens, max_seq_len=config.model.max_seq_len,

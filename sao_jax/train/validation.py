@@ -25,7 +25,7 @@ import importlib.util
 import math
 import os
 import re
-from typing import Any, Optional
+from typing import Optional
 
 from sao_jax import algo, roles
 from sao_jax.roles import ConfigError  # pylint: disable=unused-import  # re-exported
