@@ -365,6 +365,8 @@ def _types_of(default, override) -> tuple:
     return (bool,)
   if isinstance(default, float):
     return (int, float)
+  if isinstance(default, tuple):
+    return (tuple, list)  # a list (e.g. from a JSON round trip) becomes a tuple
   return (type(default),)
 
 
