@@ -35,6 +35,9 @@ def _f(default, doc: str, *, check: Optional[str] = None, choices=None, types=No
   return dataclasses.field(default=default, metadata=md)
 
 
+field = _f  # the public name (docs/extending.md declares a field with it)
+
+
 def _modes():
   from sao_jax.train.modes import MODES  # pylint: disable=import-outside-toplevel
   return tuple(MODES)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-TASKS: dict[str, str] = {
+TASKS: dict[str, object] = {  # name -> "module:function" (or the function itself)
     "arith_tool": "sao_jax.tasks:build_arith_tool",
     "chain_tool": "sao_jax.tasks:build_chain_tool",
     "math": "sao_jax.tasks:build_math",
@@ -24,5 +24,8 @@ def builder(name: str):
   if name not in TASKS:
     raise ValueError(f"unknown task.name={name!r}; use one of {tuple(TASKS)} "
                      "(sao_jax/envs/registry.py:TASKS)")
-  module, fn = TASKS[name].split(":")
+  entry = TASKS[name]
+  if callable(entry):  # registered at run time (a notebook, docs/extending.md's example)
+    return entry
+  module, fn = entry.split(":")
   return getattr(importlib.import_module(module), fn)
