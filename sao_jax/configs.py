@@ -1,7 +1,7 @@
 """The repository's config files, ``configs/<name>.py``, by name.
 
-For configs that derive from another one (``configs/aime.py`` starts from ``arith_tool``), for
-validation (``arith_tool`` is the reference schema) and for tests and benchmarks. Raises
+For configs that derive from another one (``configs/aime.py`` starts from ``arith_tool``) and for
+tests and benchmarks; every field's default is declared in ``sao_jax/roles.py``. Raises
 FileNotFoundError naming the file when there is no such config.
 """
 

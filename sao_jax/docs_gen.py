@@ -3,9 +3,10 @@
     python -m sao_jax.docs_gen            # rewrite both pages
     python -m sao_jax.docs_gen --check    # exit 1 if a page is out of date (the test suite runs this)
 
-The config reference comes from the config files themselves: every ``c.<field> = <value>  #
-<comment>`` line of ``configs/*.py`` gives the field's comment; values are those of
-``get_config()``; each variant (``configs/x.py:name``) is listed with the fields it changes.
+The config reference comes from the field declarations of ``sao_jax/roles.py`` (default,
+allowed values, doc), then each ``configs/*.py`` with the fields it changes from the defaults
+(the ``c.<field> = <value>  # <comment>`` line's comment says why) and each variant
+(``configs/x.py:name``) with the fields it changes.
 The metric reference comes from ``sao_jax/train/metric_defs.py:METRICS``.
 """
 
@@ -20,6 +21,7 @@ import sys
 import tokenize
 from typing import Optional
 
+from sao_jax import roles
 from sao_jax.train.metric_defs import METRICS, PREFIXES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,32 +83,54 @@ def _cell(v) -> str:
   return f"`{text}`"
 
 
+def _allowed(spec) -> str:
+  allowed = spec.allowed()
+  if allowed is not None:
+    return ", ".join(_cell(v) for v in allowed)
+  return f"`{spec.check}`" if spec.check else ""
+
+
 def render_config_docs(config_dir: Optional[str] = None) -> str:
-  """Markdown of every config file in ``config_dir`` (default ``<repo>/configs``)."""
+  """Markdown of every field of ``sao_jax/roles.py`` (default, allowed values, doc), then each
+  config file in ``config_dir`` (default ``<repo>/configs``) with the fields it changes."""
   config_dir = config_dir or os.path.join(ROOT, "configs")
   files = sorted(f for f in os.listdir(config_dir) if f.endswith(".py") and not f.startswith("_"))
-  comments_all: dict[str, str] = {}
-  for f in files:  # a config that derives from another inherits that file's comments
-    for k, v in field_comments(os.path.join(config_dir, f)).items():
-      comments_all.setdefault(k, v)
-  parts = [_HEADER.format(src="configs/*.py"), "# Config reference\n\n",
+  specs = roles.fields()
+  parts = [_HEADER.format(src="sao_jax/roles.py and configs/*.py"), "# Config reference\n\n",
            "Configs are Python files returning an `ml_collections.ConfigDict`. Select one with "
            "`--config=configs/NAME.py` (a variant with `--config=configs/NAME.py:VARIANT`) and "
            "override any field on the command line, e.g. `--config.train.num_steps=20` "
-           "(a misspelt field fails with *Did you mean ...*).\n"]
+           "(a misspelt field fails with *Did you mean ...*). Every field is declared once, with "
+           "its default, allowed values and doc, in `sao_jax/roles.py`; a config file starts "
+           "from `roles.default_config()` and changes what it needs.\n"]
+  section = None
+  for name, spec in specs.items():
+    sec = name.split(".")[0] if "." in name else "run"
+    if sec != section:
+      section = sec
+      cls = roles.SECTIONS.get(sec, roles.Run)
+      title = f"`{sec}`" if sec != "run" else "top level"
+      parts.append(f"\n## {title}: `roles.{cls.__name__}`\n\n{cls.__doc__.splitlines()[0]}"
+                   "\n\n| field | default | allowed | meaning |\n|---|---|---|---|\n")
+    parts.append(f"| `{name}` | {_cell(spec.default)} | {_allowed(spec)} | {spec.doc} |\n")
+  parts.append("\n# Config files\n")
   for f in files:
     path = os.path.join(config_dir, f)
     mod = _load(path)
     doc = (mod.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
     own = field_comments(path)
     base = _flatten(mod.get_config())
-    parts.append(f"\n## `configs/{f}`\n\n{doc}\n\n| field | default | meaning |\n|---|---|---|\n")
-    for k, v in base.items():
-      parts.append(f"| `{k}` | {_cell(v)} | {own.get(k) or comments_all.get(k, '')} |\n")
+    parts.append(f"\n## `configs/{f}`\n\n{doc}\n\n")
+    changed = {k: v for k, v in base.items() if k not in specs or specs[k].default != v}
+    if changed:
+      parts.append("| field | value | why (else: the default) |\n|---|---|---|\n")
+      for k, v in changed.items():
+        why = own.get(k) or (f"default {_cell(specs[k].default)}" if k in specs else "")
+        parts.append(f"| `{k}` | {_cell(v)} | {why} |\n")
     for var in _variants(path):
-      changed = {k: v for k, v in _flatten(mod.get_config(var)).items() if base.get(k) != v}
+      vchanged = {k: v for k, v in _flatten(mod.get_config(var)).items() if base.get(k) != v}
       parts.append(f"\n**Variant `configs/{f}:{var}`** changes: " + ", ".join(
-          f"`{k}` = {_cell(v)}" for k, v in changed.items()) + "\n")
+          f"`{k}` = {_cell(v)}" for k, v in vchanged.items()) + "\n")
   return "".join(parts)
 
 

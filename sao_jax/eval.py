@@ -218,7 +218,7 @@ def load_params(config, checkpoint: str, vocab_size: int):
   params = nnx.to_pure_dict(nnx.split(Transformer(mcfg, rngs=nnx.Rngs(config.seed)))[1])
   if checkpoint:
     return mcfg, load_policy_params(checkpoint, params)
-  if not config.get("allow_random_init", False):
+  if not config.allow_random_init:
     raise ValueError("no checkpoint: pass --checkpoint=<run_dir>/checkpoints (a folder written "
                      "by `python -m sao_jax.main`) or --config.model.checkpoint_dir=<HF folder>.")
   print("warning: no --checkpoint, evaluating a RANDOMLY initialised model", flush=True)

@@ -165,7 +165,7 @@ def model_config(config, model: str = "", layers: int = 0):
   from sao_jax.models import hf, presets  # pylint: disable=import-outside-toplevel
   from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel
   m = config.model
-  kw = dict(max_seq_len=m.max_seq_len, dtype=m.dtype, param_dtype=m.get("param_dtype", "float32"),
+  kw = dict(max_seq_len=m.max_seq_len, dtype=m.dtype, param_dtype=m.param_dtype,
             **pretrained.execution_fields(config))
   if model:
     mcfg = presets.get_preset(model, **kw)

@@ -39,7 +39,7 @@ def is_run_folder(path: str) -> bool:
 def source(config) -> str:
   """"gguf", "hf", "orbax" or "random"."""
   m = config.model
-  if m.get("gguf", ""):
+  if m.gguf:
     return "gguf"
   if m.checkpoint_dir:
     hf = (os.path.isfile(os.path.join(m.checkpoint_dir, "config.json"))
@@ -60,9 +60,9 @@ def load_tokenizer(config):
 
 def execution_fields(config) -> dict:
   """The ``ModelConfig`` fields that say how the forward runs, not what it computes, from
-  ``config.model``: ``remat`` and ``scan_layers`` (defaults "none" / False when absent)."""
+  ``config.model``: ``remat`` and ``scan_layers`` (defaults in ``sao_jax/roles.py``)."""
   m = config.model
-  return dict(remat=m.get("remat", "none"), scan_layers=bool(m.get("scan_layers", False)))
+  return dict(remat=m.remat, scan_layers=bool(m.scan_layers))
 
 
 def model_config(config, vocab_size: int):
@@ -73,7 +73,7 @@ def model_config(config, vocab_size: int):
   return ModelConfig(vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers,
                      n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, head_dim=m.head_dim,
                      d_ff=m.d_ff, rope_theta=m.rope_theta, max_seq_len=m.max_seq_len,
-                     dtype=m.dtype, param_dtype=m.get("param_dtype", "float32"),
+                     dtype=m.dtype, param_dtype=m.param_dtype,
                      **execution_fields(config))
 
 
@@ -87,7 +87,7 @@ def load_model(config, mesh=None) -> Optional[tuple]:
   holds more than its share of the model. None: one device (the default device)."""
   kind = source(config)
   kw = dict(max_seq_len=config.model.max_seq_len, dtype=config.model.dtype,
-            param_dtype=config.model.get("param_dtype", "float32"))
+            param_dtype=config.model.param_dtype)
   shardings = None
   if kind == "gguf":
     if mesh is not None:

@@ -229,7 +229,8 @@ def test_generated_docs_are_current_and_every_config_field_is_documented():
   assert len(rows) > 80
   undocumented = [r for r in rows if r.rstrip().endswith("|  |")]
   assert not undocumented, undocumented
-  assert "| `train.eps_low` | `0.3` | DIS band" in text
+  assert "| `train.eps_low` | `0.3` | `[0,1)` | DIS band" in text  # from sao_jax/roles.py
+  assert "| `task.name` | `'arith_tool'` | `'arith_tool'`, `'chain_tool'`" in text
   assert "**Variant `configs/arith_tool.py:smoke`** changes:" in text
 
 

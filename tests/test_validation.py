@@ -59,6 +59,7 @@ BAD_ENUMS = {
     "model.param_dtype": "int8",
     "model.remat": "full",
     "task.name": "chess",
+    "task.style_base": "math",
     "log.progress": "fancy",
     "distributed.cpu_collectives": "nccl",
 }
@@ -278,7 +279,7 @@ def test_a_multi_process_job_starts_no_jax_backend_before_distributed_initialize
     ("train.eps_low", 1.0, "config.train.eps_low = 1.0: must be in [0, 1)"),
     ("train.eps_low", -0.1, "config.train.eps_low = -0.1: must be in [0, 1)"),
     ("train.eps_high", 0.0, "config.train.eps_high = 0.0: must be > 0"),
-    ("train.critic_updates_per_step", 0, "config.train.critic_updates_per_step = 0: K must be >= 1"),
+    ("train.critic_updates_per_step", 0, "config.train.critic_updates_per_step = 0: must be >= 1 (K critic"),
     ("train.batch_size", 12, "must be divisible by the number of devices (8); fix: use a multiple of 8"),
     ("train.gamma", 1.5, "config.train.gamma = 1.5: must be in [0, 1]"),
     ("train.lam_policy", "adaptiv", "config.train.lam_policy = 'adaptiv': must be 'adaptive'"),
@@ -288,7 +289,7 @@ def test_a_multi_process_job_starts_no_jax_backend_before_distributed_initialize
     ("rollout.max_prefill_length", 4096, "must be <= model.max_seq_len"),
     ("train.policy_lr", float("nan"), "config.train.policy_lr = nan: must be finite"),
     ("task.tool_latency_median_s", -0.2,
-     "config.task.tool_latency_median_s = -0.2: must be >= 0 seconds"),
+     "config.task.tool_latency_median_s = -0.2: must be >= 0 (median s"),
     ("task.tool_latency_sigma", -1.0, "config.task.tool_latency_sigma = -1.0: must be >= 0"),
     ("task.tool_latency_median_s", 2.0,  # 2 e^4 = 109 s > env_timeout_s = 30
      "config.task.tool_latency_median_s = 2.0: its tail (median * e^(4 sigma)"),
@@ -365,7 +366,7 @@ def test_cli_refuses_every_bad_field_at_once_before_training(tmp_path):
   for field in bad:
     assert f"config.{field} = " in err, field
   assert "config.train.eps_low = 1.0: must be in [0, 1)" in err
-  assert "config.train.critic_updates_per_step = 0: K must be >= 1" in err
+  assert "config.train.critic_updates_per_step = 0: must be >= 1 (K critic" in err
   assert not (run_dir / "metrics.jsonl").exists()  # nothing was trained
   assert not run_dir.exists()  # nothing was built at all
   proc = _main("--config=configs/arith_tool.py:smoke", "--config.train.bogus=1")

@@ -107,3 +107,12 @@ def add_styles(demos: Sequence[tuple[list[int], list[int]]], seed: int, tokenize
     out.append((list(ids[:-1]) + extra + list(ids[-1:]),
                 list(mask[:-1]) + [1] * len(extra) + list(mask[-1:])))
   return out
+
+
+def batch_metrics(trajs) -> dict[str, float]:
+  """Which style a policy step's trajectories wrote: ``style{k}_fraction`` for k in 0..2 (their
+  final ``info["style"]``) and ``correct_mean`` (the base task's reward, style ignored)."""
+  styles = np.array([t.info.get("style", -1) for t in trajs])
+  out = {f"style{k}_fraction": float(np.mean(styles == k)) for k in range(len(STYLES))}
+  out["correct_mean"] = float(np.mean([t.info.get("correct", 0.0) for t in trajs]))
+  return out

@@ -15,16 +15,12 @@ import time
 import uuid
 from typing import Optional
 
-import ml_collections
-
 from sao_jax.rollout import weight_sync
 from sao_jax.rollout.trajectory import Trajectory
 from flax import nnx
-from sao_jax import faults, tasks
-from sao_jax.envs.guard import GuardedEnv
+from sao_jax import build, roles, tasks
 from sao_jax.models.transformer import Transformer
 from sao_jax.rollout.engine import SAOEngine
-from sao_jax.rollout.worker import env_workers_for
 from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.worker import RolloutWorker
 
@@ -33,7 +29,8 @@ class RolloutActor:
   """One rollout process (wrapped by ``ray.remote`` in ``RaySource``; a plain class here).
 
   Args:
-    config_dict: ``config.to_dict()`` of the run (task, rollout, model, seed fields are read).
+    config_dict: the run as a dict (``dataclasses.asdict(roles.Run)``), converted back with
+      ``roles.from_config`` (task, rollout, model, seed fields are read).
     model_config: the trainer's ``ModelConfig`` (the policy structure; weights come by sync).
     index: this actor's index in the source (seeds its sampling: ``config.seed + index``).
 
@@ -44,7 +41,7 @@ class RolloutActor:
 
   def __init__(self, config_dict: dict, model_config, index: int):
     # heavy imports here: the module is imported by the driver before Ray starts the actor
-    config = ml_collections.ConfigDict(config_dict)
+    config = roles.from_config(config_dict)  # the typed roles: one default per field
     self.index = int(index)
     self.incarnation = uuid.uuid4().hex
     self.config = config
@@ -57,10 +54,7 @@ class RolloutActor:
                             max_concurrent_decodes=config.rollout.slots,
                             max_prefill_length=config.rollout.max_prefill_length,
                             temperature=config.rollout.temperature, seed=seed)
-    self.env_workers = env_workers_for(config)
-    self.env = GuardedEnv(self.task.env, timeout_s=config.rollout.get("env_timeout_s", 30.0),
-                          fault_rate=faults.env_fault_rate(), seed=seed,
-                          max_workers=max(4, self.env_workers))
+    self.env, self.env_workers = build.rollout_env(config, self.task.env, seed)
     self.seed = seed
     self.puller = weight_sync.WeightPuller()
     self.store = None  # WeightStore, created by the first set_weights
@@ -155,10 +149,8 @@ class RolloutActor:
     cfg = self.config
     self._worker = RolloutWorker(
         self.engine, self.env, self._problems(), self._sink, self.store,
-        stop_ids=self.task.stop_ids, max_new_tokens=cfg.rollout.max_new_tokens,
-        max_seq_len=cfg.model.max_seq_len, seed=self.seed,
-        kv_on_update=cfg.rollout.get("kv_on_update", "keep"), env_workers=self.env_workers,
-        stop_strings=self.task.stop_strings, decode_steps=cfg.rollout.get("decode_steps", 1))
+        stop_ids=self.task.stop_ids, seed=self.seed, env_workers=self.env_workers,
+        stop_strings=self.task.stop_strings, **build.worker_kwargs(cfg))
 
     def run():
       try:

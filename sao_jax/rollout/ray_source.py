@@ -44,6 +44,7 @@ import time
 from typing import Any, Optional
 
 
+from sao_jax import roles
 from sao_jax.rollout import ray_local, weight_sync
 from sao_jax.rollout.assembler import Arrival, BatchAssembler
 from sao_jax.rollout.trajectory import Trajectory
@@ -75,19 +76,15 @@ class _Actor:
   pid: int = -1
 
 
-def _config_get(cfg, key: str, default):
-  return cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-
-
 class RaySource:
   """``TrajectorySource`` over ``rollout.num_workers`` Ray rollout actors.
 
   Args:
-    config: the run's ``ConfigDict``. Read: ``rollout.num_workers`` (default 2),
+    config: the run's ``roles.Run`` (a ConfigDict is converted with ``roles.from_config``). Read:
+      ``rollout.num_workers``,
       ``rollout.ray_address`` ("" = start a local Ray listening on 127.0.0.1 only, else join
-      it), ``rollout.ray_num_cpus``
-      (1), ``rollout.ray_num_gpus`` (0), ``rollout.ray_resources`` (dict, e.g. ``{"TPU": 4}``),
-      ``rollout.ray_max_restarts`` (4), ``rollout.ray_max_outstanding`` (0 = 2 x
+      it), ``rollout.ray_num_cpus``, ``rollout.ray_num_gpus``, ``rollout.ray_resources`` (dict,
+      e.g. ``{"TPU": 4}``), ``rollout.ray_max_restarts``, ``rollout.ray_max_outstanding`` (0 = 2 x
       ``rollout.slots``: prompts one actor holds at a time), ``rollout.weight_sync`` ("auto" |
       "transfer" | "object_store"), and everything ``RolloutActor`` reads.
     model_config: the trainer's ``ModelConfig``.
@@ -114,20 +111,21 @@ class RaySource:
         staleness_policy=staleness_policy, max_staleness=max_staleness, run_dir=run_dir)
     self.admission = self.assembler.admission
     self._t_last = (0, time.time())
-    r = config.rollout
-    n = int(_config_get(r, "num_workers", 2))
+    run = config if isinstance(config, roles.Run) else roles.from_config(config)
+    r = run.rollout  # typed: one default per field (sao_jax/roles.py)
+    n = r.num_workers
     if n < 1:
       raise ValueError(f"rollout.num_workers={n}; need >= 1 rollout actor.")
     self._owns_ray = False
     if not ray.is_initialized():
       # "" (a laptop run): a local Ray with every port on 127.0.0.1 (rollout/ray_local.py);
       # else the user's cluster, whose ports and access are its own (README)
-      ray_local.init_ray(_config_get(r, "ray_address", ""), log_to_driver=True)
+      ray_local.init_ray(r.ray_address, log_to_driver=True)
       self._owns_ray = True
     self.ledger = ledger
-    self.max_outstanding = int(_config_get(r, "ray_max_outstanding", 0)) or 2 * int(r.slots)
-    self.queue_size = int(_config_get(r, "queue_size", 64))
-    transport = weight_sync.resolve_transport(_config_get(r, "weight_sync", "auto"))
+    self.max_outstanding = int(r.ray_max_outstanding) or 2 * int(r.slots)
+    self.queue_size = int(r.queue_size)
+    transport = weight_sync.resolve_transport(r.weight_sync)
     self.publisher = weight_sync.WeightPublisher(transport)
     self.publisher.publish(params, version)
     self.version = int(version)
@@ -137,13 +135,13 @@ class RaySource:
     self.handed_out: set = set()
     self.returned: set = set()
     self.counters = collections.Counter()
-    resources = dict(_config_get(r, "ray_resources", {}) or {})
+    resources = dict(r.ray_resources or {})
     cls = ray.remote(RolloutActor).options(
-        num_cpus=float(_config_get(r, "ray_num_cpus", 1)),
-        num_gpus=float(_config_get(r, "ray_num_gpus", 0)), resources=resources or None,
-        max_restarts=int(_config_get(r, "ray_max_restarts", 4)), max_task_retries=0,
+        num_cpus=float(r.ray_num_cpus),
+        num_gpus=float(r.ray_num_gpus), resources=resources or None,
+        max_restarts=int(r.ray_max_restarts), max_task_retries=0,
         max_concurrency=1)
-    cfg_dict = config.to_dict()
+    cfg_dict = dataclasses.asdict(run)
     self.actors = [_Actor(cls.remote(cfg_dict, model_config, i), i) for i in range(n)]
 
   # ---- TrajectorySource -----------------------------------------------------------------------

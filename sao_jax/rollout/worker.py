@@ -508,14 +508,13 @@ class RolloutWorker:
 
 
 def env_workers_for(config) -> int:
-  """Resolves ``rollout.env_workers``: N >= 0 as given; -1 (auto) = ``rollout.slots`` when
+  """``config``: a ``roles.Run`` (or a config with every field). Resolves ``rollout.env_workers``: N >= 0 as given; -1 (auto) = ``rollout.slots`` when
   the task's tool is slow (``task.tool_latency_median_s`` > 0, or the sandboxed Python of
   ``tir_math``), else 0 (inline)."""
-  n = int(config.rollout.get("env_workers", -1))
+  n = int(config.rollout.env_workers)
   if n >= 0:
     return n
-  slow = (config.task.get("tool_latency_median_s", 0.0) > 0
-          or config.task.get("name", "") == "tir_math")
+  slow = config.task.tool_latency_median_s > 0 or config.task.name == "tir_math"
   return int(config.rollout.slots) if slow else 0
 
 

@@ -117,7 +117,7 @@ class LearnerConfig:
         center_advantages=t["center_advantages"], temperature=config.rollout.temperature,
         batch_length=config.model.max_seq_len,
         tokens_per_device=int(config.mesh.tokens_per_device),
-        serving_dtype=config.model.get("param_dtype", "float32"),
+        serving_dtype=config.model.param_dtype,
         logprob_chunk=int(t["logprob_chunk"]))
 
   @property

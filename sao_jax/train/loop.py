@@ -32,12 +32,7 @@ CONSOLE_KEYS = ("reward_mean", "eval_accuracy", "masked_fraction", "ratio_max", 
 
 
 def _trajectory_metrics(trajs) -> dict[str, float]:
-  out = {}
-  if any("style" in t.info for t in trajs):  # style_switch: which style the batch wrote
-    styles = np.array([t.info.get("style", -1) for t in trajs])
-    out = {f"style{k}_fraction": float(np.mean(styles == k)) for k in range(3)}
-    out["correct_mean"] = float(np.mean([t.info.get("correct", 0.0) for t in trajs]))
-  return out | {"response_tokens_mean": float(np.mean([t.num_action_tokens for t in trajs])),
+  return {"response_tokens_mean": float(np.mean([t.num_action_tokens for t in trajs])),
           "tool_use": float(np.mean([t.info.get("tool_calls", 0) > 0 for t in trajs])),
           "failed": float(sum(bool(t.info.get("failed")) for t in trajs)),
           "traj_t_start_min": min(t.t_start for t in trajs),
@@ -114,8 +109,7 @@ def run(config) -> dict[str, Any]:
       # value pre-training on rollouts of the starting policy (no policy update)
       batch, micro = learner.batch(source.take(local_batch, version))
       logger.log(i, learner.critic_only_step(batch, micro), prefix="critic_warmup/")
-    if hasattr(task.env, "reset_phase_clock"):  # style_switch: phase 0 starts with policy step 1
-      task.env.reset_phase_clock()  # (thread backend; Ray workers hold their own env copies)
+    task.on_policy_start()  # the task's hook (style_switch: phase 0 starts with step 1)
     for step in range(start_step + 1, tcfg.num_steps + 1):
       trajs = source.take(local_batch, version)
       t0, step_t_begin = time.perf_counter(), time.time()
@@ -124,7 +118,7 @@ def run(config) -> dict[str, Any]:
       metrics["nonfinite_skipped"] = float(guard.check(step, metrics))  # raises after N in a row
       version += 1
       source.publish(learner.policy_params(), version)
-      metrics.update(_trajectory_metrics(trajs), **source.metrics(), policy_version=version,
+      metrics.update(_trajectory_metrics(trajs), **task.batch_metrics(trajs), **source.metrics(), policy_version=version,
                      train_s=time.perf_counter() - t0, elapsed_s=time.time() - t_job,
                      nonfinite_total=float(guard.total), step_t_begin=step_t_begin,
                      step_t_publish=time.time())

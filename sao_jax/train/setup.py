@@ -13,8 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sao_jax import faults, pretrained
-from sao_jax.envs.guard import GuardedEnv
+from sao_jax import build, faults, pretrained
 from sao_jax.models.transformer import Critic, ModelConfig, Transformer
 from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.ledger import PromptLedger
@@ -142,10 +141,7 @@ def make_source(config, task, policy: Policy, params, version: int, ledger: Prom
                        temperature=config.rollout.temperature)
   seed = faults.step_seed(config.seed, start_step) if start_step else config.seed
   engine.reseed(seed)
-  env_workers = env_workers_for(config)  # >0: env.step off the decode loop (slow tool calls)
-  env = GuardedEnv(task.env, timeout_s=config.rollout.env_timeout_s,
-                   fault_rate=faults.env_fault_rate(), seed=config.seed,
-                   max_workers=max(4, env_workers))
+  env, env_workers = build.rollout_env(config, task.env, config.seed)
   return ThreadSource(
       engine, env, ledger, params, version, stop_ids=task.stop_ids,
       max_new_tokens=config.rollout.max_new_tokens, max_seq_len=config.model.max_seq_len,

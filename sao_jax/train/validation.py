@@ -1,15 +1,10 @@
 """Config validation before anything is built or compiled: one error that lists every problem.
 
 ``validate_config(config)`` checks, in one pass over every field,
-  * unknown keys (typos) against the reference schema: the default ``configs/arith_tool.py``
-    config plus ``EXTRA_KEYS`` (fields only some configs have),
-  * types against the reference (an int is accepted for a float field),
-  * enum fields against their allowed values (``enum_choices``: ``train.mode``,
-    ``train.objective``, ``train.advantage_estimator``, ``train.aggregation``,
-    ``rollout.kv_on_update``, ``rollout.staleness_policy``, ``rollout.backend``, ``model.dtype``,
-    ``model.param_dtype``, ``model.remat``, ``task.name``, ``log.progress``,
-    ``distributed.cpu_collectives``),
-  * numeric ranges (``eps_low in [0, 1)``, ``K >= 1``, ``lam_critic in [0, 1]``, ...),
+  * what each field's declaration in ``sao_jax/roles.py`` carries (``roles.field_problems``):
+    unknown keys (typos), types (an int is accepted for a float field), enum values (a field's
+    ``choices``, e.g. the keys of ``algo.OBJECTIVES``), ranges (a field's ``check``),
+  * single-field rules a range cannot say (``head_dim`` even, ``lam_policy``, regexes, ...),
   * ``run_dir``: a folder (or one that can be created) this user can write to;
     ``model.checkpoint_dir``: a Hugging Face folder or a run's ``checkpoints/`` folder,
   * cross-field rules (a grpo mode needs ``group_size >= 2`` dividing ``batch_size``, a grpo
@@ -26,47 +21,16 @@ supervised warm-up.
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import math
 import os
 import re
-from typing import Any, Optional
+from typing import Optional
 
-from sao_jax import algo, configs
-from sao_jax.algo.objectives import AGGREGATIONS
-from sao_jax.models.config import REMAT_POLICIES
-from sao_jax.rollout.staleness import POLICIES
+from sao_jax import algo, roles
+from sao_jax.roles import ConfigError  # pylint: disable=unused-import  # re-exported
 from sao_jax.train.distributed import parse_mesh_shape
-from sao_jax.train.modes import MODES
-from sao_jax.train.progress import MODES as PROGRESS
 
-# fields that only some configs define: name -> allowed types
-EXTRA_KEYS: dict[str, tuple] = {
-    "task.chain_lengths": (tuple,),  # chain_tool: calculator calls a problem needs
-    "task.chain_weights": (tuple,),  # chain_tool: their probabilities
-    "sft.reliable_calls": (int,),  # chain_tool: calls every demonstration makes
-    "task.tool_cpu_s": (int,),  # tir_math: sandbox CPU seconds per program
-    "task.tool_wall_s": (int, float),  # tir_math: sandbox wall seconds per program
-    "task.tool_memory_mb": (int,),  # tir_math: sandbox address-space limit (MiB)
-    "task.tool_output_chars": (int,),  # tir_math: observation cut (characters)
-    "task.train_file": (str,),
-    "task.switch_every": (int,),  # style_switch: policy steps per preferred-style phase
-    "task.style_base": (str,),  # style_switch: the wrapped task (arith_tool, chain_tool)
-    "task.max_operand": (int,),  # chat_arith: largest operand
-    "train.max_consecutive_nonfinite": (int,),
-    "rollout.env_timeout_s": (int, float),
-    "rollout.lockstep": (bool,),
-    "rollout.lockstep_delay": (int,),
-    "checkpoint.max_to_keep": (int,),
-    "checkpoint.resume": (bool,),
-}
-_DTYPES = ("float32", "bfloat16", "float16")
-# sao_jax/tasks.py:make_task
-_TASKS = ("arith_tool", "chain_tool", "math", "style_switch", "tir_math", "chat_arith")
-_KV_ON_UPDATE = ("keep", "recompute")  # rollout/worker.py:RolloutWorker
-_BACKENDS = ("thread", "ray")  # rollout.backend: TrajectorySource implementations
-_CPU_COLLECTIVES = ("gloo", "mpi", "")  # jax_cpu_collectives_implementation; "" = JAX's default
 _PPO_FAMILY = ("ppo_clip", "tis", "icepop")  # objectives that read ppo_eps_* and dual_clip
 
 
@@ -77,65 +41,15 @@ def estimator_names() -> tuple[str, ...]:
 
 
 def enum_choices() -> dict[str, tuple]:
-  """Enum field -> its allowed values, read from the modules that consume the field."""
-  return {
-      "train.mode": tuple(MODES),
-      "train.objective": ("auto",) + tuple(algo.OBJECTIVES),
-      "train.advantage_estimator": ("auto",) + estimator_names(),
-      "train.aggregation": tuple(AGGREGATIONS),
-      "rollout.kv_on_update": _KV_ON_UPDATE,
-      "rollout.staleness_policy": tuple(POLICIES),
-      "rollout.backend": _BACKENDS,
-      "rollout.weight_sync": ("auto", "transfer", "object_store"),
-      "model.dtype": _DTYPES,
-      "model.param_dtype": _DTYPES,
-      "model.remat": REMAT_POLICIES,
-      "task.name": _TASKS,
-      "log.progress": tuple(PROGRESS),
-      "distributed.cpu_collectives": _CPU_COLLECTIVES,
-  }
-
-
-def _enum_problem(field: str, value, choices: tuple) -> str:
-  close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.6)
-  fix = f"use {close[0]!r}" if close else f"use {choices[0]!r}"
-  return f"config.{field} = {value!r}: must be one of {choices}; fix: {fix}"
-
-
-class ConfigError(ValueError):
-  """Raised by ``validate_config``; ``problems`` lists one line per bad field."""
-
-  def __init__(self, problems: list[str]):
-    self.problems = problems
-    super().__init__("invalid config (nothing was built or compiled):\n  " + "\n  ".join(problems))
-
-
-def _flatten(d, prefix="") -> dict[str, Any]:
-  out = {}
-  for k, v in d.items():
-    key = f"{prefix}{k}"
-    if hasattr(v, "items") and not (key in EXTRA_KEYS and dict in EXTRA_KEYS[key]):
-      out.update(_flatten(v, key + "."))
-    else:
-      out[key] = dict(v.items()) if hasattr(v, "items") else v
-  return out
+  """Enum field -> its allowed values: the ``choices`` of ``sao_jax/roles.py``'s fields (a
+  registry's keys are read now)."""
+  return {name: spec.allowed() for name, spec in roles.fields().items()
+          if spec.choices is not None}
 
 
 def reference_schema() -> dict[str, tuple]:
-  """Field name -> allowed types, from the default ``configs/arith_tool.py`` + ``EXTRA_KEYS``."""
-  schema = {}
-  for k, v in _flatten(configs.load("arith_tool")).items():
-    if isinstance(v, bool):
-      schema[k] = (bool,)
-    elif isinstance(v, float):
-      schema[k] = (int, float)
-    elif isinstance(v, int):
-      schema[k] = (int,)
-    else:
-      schema[k] = (type(v),)
-  schema["train.lam_policy"] = (str, int, float)
-  schema.update(EXTRA_KEYS)
-  return schema
+  """Field name -> allowed Python types, from ``sao_jax/roles.py``."""
+  return {name: spec.types for name, spec in roles.fields().items()}
 
 
 Rule = tuple  # (field, ok(value) -> bool, what must hold, fix, other fields ok() reads)
@@ -186,68 +100,24 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
   mode, objective, estimator = _resolved(flat)
   grouped = str(mode).startswith("grpo")
   r = [
-      ("seed", nonneg, "must be >= 0 (NumPy seeds are non-negative)", "use 0"),
-      ("train.eps_low", half_open, "must be in [0, 1) (the DIS band's lower edge "
-       "is 1 - eps_low > 0)", "use e.g. 0.3 (the paper's value)"),
-      ("train.eps_high", pos, "must be > 0", "use e.g. 5.0 (the paper's value)"),
-      ("train.ppo_eps_low", half_open, "must be in [0, 1) (the PPO clip's lower edge is "
-       "1 - ppo_eps_low > 0)", "use 0.2"),
-      ("train.ppo_eps_high", pos, "must be > 0", "use 0.28 (DAPO clip-higher)"),
       ("train.dual_clip", lambda v: v == 0 or v > 1, "must be 0 (off) or > 1 (the dual-clip "
        "constant c bounds -c * A for A < 0)", "use 0 or e.g. 3.0"),
-      ("train.tis_cap", pos, "must be > 0 (the truncated importance weight's cap)", "use 2.0"),
-      ("train.icepop_low", half_open, "must be in [0, 1) (IcePop keeps icepop_low <= "
-       "pi_old / pi_rollout <= icepop_high around 1)", "use 0.5"),
       ("train.icepop_high", lambda v: v > 1 and v > flat.get("train.icepop_low", 0.0),
        "must be > 1 and > train.icepop_low", "use 5.0", ("train.icepop_low",)),
-      ("train.entropy_coef", nonneg, "must be >= 0 (a bonus; a negative value penalises "
-       "entropy)", "use 0.0 (off) or e.g. 1e-3"),
-      ("train.kl_coef", nonneg, "must be >= 0", "use 0.0 (off) or e.g. 1e-3"),
-      ("train.logprob_chunk", nonneg, "must be >= 0 (tokens per device per chunk of the LM "
-       "head; 0 = no chunking)", "use 512"),
-      ("train.loss_norm_constant", nonneg, "must be >= 0 (0 = unset)",
-       "use 0, or e.g. the maximum response length with aggregation='sum_norm'"),
       ("train.aggregation",
        lambda v: v != "sum_norm" or flat.get("train.loss_norm_constant", 0) > 0,
        "needs train.loss_norm_constant > 0 (the Dr. GRPO divisor)",
        "set --config.train.loss_norm_constant=<max response tokens, e.g. 48> or use "
        "aggregation='token_mean'", ("train.loss_norm_constant",)),
-      ("train.critic_updates_per_step", lambda v: v >= 1, "K must be >= 1",
-       "use 2 (the paper's K)"),
-      ("train.policy_minibatches", lambda v: v >= 1, "M must be >= 1 (policy updates per batch)",
-       "use 1 (SAO: one update per batch) or e.g. 4 (PPO-style mini-batches)"),
       ("train.policy_minibatches",
        lambda v: v < 1 or flat.get("train.batch_size", 1) % v == 0,
        f"must divide train.batch_size ({flat.get('train.batch_size')}; mini-batches of equal "
        "size)", "use a divisor of train.batch_size, e.g. 4 for 32", ("train.batch_size",)),
-      ("train.batch_size", lambda v: v >= 1, "must be >= 1", "use e.g. 32"),
-      ("train.group_size", lambda v: v >= 1, "must be >= 1", "use 8 (grpo modes) or 1"),
-      ("train.num_steps", lambda v: v >= 1, "must be >= 1 (policy steps)", "use e.g. 100"),
-      ("train.policy_lr", pos, "must be > 0", "use e.g. 1e-6"),
-      ("train.critic_lr", pos, "must be > 0", "use e.g. 5e-6"),
-      ("train.critic_lr_warmup_steps", nonneg, "must be >= 0", "use 10"),
-      ("rollout.lockstep_delay", nonneg, "must be >= 0 (policy versions)",
-       "use 0 (on-policy lockstep)"),
-      ("train.critic_warmup_steps", nonneg, "must be >= 0", "use 0"),
-      ("train.gamma", unit, "must be in [0, 1]", "use 1.0"),
-      ("train.lam_alpha", pos, "must be > 0", "use 1.5"),
-      ("train.lam_critic", unit, "must be in [0, 1] (GAE lambda of the critic's returns)",
-       "use 1.0 (the paper's value)"),
-      ("train.value_clip_eps", nonneg, "must be >= 0 (0 = no value clipping)",
-       "use 0.0 (off) or e.g. 0.2"),
-      ("train.max_grad_norm", pos, "must be > 0", "use 1.0"),
-      ("train.adam_eps", pos, "must be > 0 (Adam's denominator epsilon)", "use 1e-8"),
-      ("task.prompt_pool", nonneg, "must be >= 0 (0 = every training problem)",
-       "use 0 or e.g. 128 (each prompt then recurs every 128 / train.batch_size steps)"),
-      ("train.critic_b1", lambda v: 0.0 <= v < 1.0, "must be in [0, 1) (Adam's b1)", "use 0.9"),
       ("train.value_bounds",
        lambda v: len(v) == 0 or (len(v) == 2 and float(v[0]) < float(v[1])),
        "must be () (off) or (lo, hi) with lo < hi", "use () or the reward range, e.g. (0.0, 1.0)"),
       ("train.lam_policy", _lam_policy_ok, "must be 'adaptive' or a number in [0, 1] (the CLI "
        "gives a number as a string, e.g. '0.95', which is fine)", "use 'adaptive'"),
-      ("train.baseline_window", lambda v: v >= 1, "must be >= 1 (rewards per prompt)", "use 8"),
-      ("train.global_baseline_window", lambda v: v >= 1, "must be >= 1 (rewards)", "use 128"),
-      ("train.max_consecutive_nonfinite", lambda v: v >= 1, "must be >= 1", "use 3"),
       ("train.critic_frozen_patterns", _regexes_ok, "must be a tuple of valid regular "
        "expressions (re.compile failed)", "fix the pattern, e.g. r'/attn/'"),
       ("model.n_kv_heads", lambda v: v >= 1 and flat.get("model.n_heads", v) % v == 0,
@@ -255,31 +125,17 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
        ("model.n_heads",)),
       ("model.head_dim", lambda v: v % 2 == 0, "must be even (RoPE rotates pairs)",
        "use e.g. 32"),
-      ("model.rope_theta", pos, "must be > 0 (the RoPE base)", "use 10000.0"),
-      ("rollout.temperature", pos, "must be > 0 (log-probs are recorded at this temperature)",
-       "use 1.0"),
       ("rollout.max_prefill_length", lambda v: v <= flat.get("model.max_seq_len", v),
        "must be <= model.max_seq_len", "lower it or raise model.max_seq_len",
        ("model.max_seq_len",)),
-      ("rollout.env_timeout_s", pos, "must be > 0", "use e.g. 30"),
-      ("rollout.env_workers", lambda v: v >= -1,
-       "must be >= -1 (-1 = auto, 0 = inline env.step, N = N env threads)", "use -1"),
-      ("rollout.num_workers", lambda v: v >= 1, "must be >= 1 (rollout workers)", "use 1"),
-      ("rollout.ray_num_cpus", nonneg, "must be >= 0 (CPUs per rollout actor)", "use 1"),
-      ("rollout.ray_num_gpus", nonneg, "must be >= 0 (GPUs per rollout actor)", "use 0 or 1"),
-      ("rollout.ray_max_restarts", lambda v: v >= -1, "must be >= -1 (-1 = unlimited)", "use 4"),
-      ("rollout.ray_max_outstanding", nonneg, "must be >= 0 (0 = 2 x rollout.slots)", "use 0"),
       ("rollout.lockstep", lambda v: not v or flat.get("rollout.backend", "thread") == "thread",
        "needs rollout.backend='thread' (a deterministic in-process rollout)",
        "set rollout.lockstep=False or rollout.backend='thread'", ("rollout.backend",)),
-      ("task.tool_wall_s", lambda v: 0 < v and v + 5 <= flat.get("rollout.env_timeout_s", 30.0),
+      ("task.tool_wall_s", lambda v: flat.get("task.name") != "tir_math"
+       or v + 5 <= flat.get("rollout.env_timeout_s", 30.0),
        "must be > 0 and at least 5 s below rollout.env_timeout_s (sandbox start-up and teardown "
        "included), or a slow program fails the trajectory as an env timeout",
        "lower task.tool_wall_s or raise rollout.env_timeout_s", ("rollout.env_timeout_s",)),
-      ("task.tool_latency_median_s", nonneg, "must be >= 0 seconds (0 = no tool latency)",
-       "use 0 (off) or e.g. 0.2"),
-      ("task.tool_latency_sigma", nonneg, "must be >= 0 (log-std of the lognormal latency)",
-       "use e.g. 1.0"),
       ("task.tool_latency_median_s",
        lambda v: v == 0 or flat.get("task.name", "arith_tool") in ("arith_tool", "chain_tool"),
        "is only implemented for task.name='arith_tool' or 'chain_tool' (the calculator tool)",
@@ -294,18 +150,6 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
       ("task.train_file", lambda v: bool(v) or flat.get("task.name") != "math",
        "task.name='math' reads its prompts from this JSONL file",
        "set it to a packaged name (e.g. 'aime25.jsonl') or a path", ("task.name",)),
-      ("task.max_turns", lambda v: v >= 1, "must be >= 1", "use 3"),
-      ("task.switch_every", lambda v: v >= 1, "must be >= 1 (policy steps per phase)", "use 20"),
-      ("sft.steps", nonneg, "must be >= 0 (0 = no warm-up)", "use e.g. 1000"),
-      ("sft.lr", pos, "must be > 0", "use 3e-3"),
-      ("sft.num_demos", nonneg, "must be >= 0", "use e.g. 4000"),
-      ("sft.p_tool", unit, "must be in [0, 1]", "use 0.3"),
-      ("sft.p_guess_correct", unit, "must be in [0, 1]", "use 0.1"),
-      ("checkpoint.every_steps", nonneg, "must be >= 0 (0 = only at the end)", "use 50"),
-      ("checkpoint.max_to_keep", lambda v: v >= 1, "must be >= 1", "use 2"),
-      ("eval.every_steps", nonneg, "must be >= 0", "use 20"),
-      ("mesh.tokens_per_device", nonneg, "must be >= 0 (0 = no micro-batch accumulation)",
-       "use 0"),
       ("distributed.num_processes", lambda v: v == -1 or v >= 1,
        "must be -1 (from the environment) or >= 1", "use -1"),
       ("distributed.process_id", lambda v: v == -1 or 0 <= v < max(
@@ -352,11 +196,6 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
     r.append(("train.batch_size", lambda v: v % num_devices == 0,
               f"must be divisible by the number of devices ({num_devices})",
               f"use a multiple of {num_devices}"))
-  for k in ("model.d_model", "model.n_layers", "model.n_heads", "model.head_dim", "model.d_ff",
-            "model.max_seq_len", "rollout.slots", "rollout.max_new_tokens",
-            "rollout.max_prefill_length", "rollout.queue_size", "rollout.decode_steps", "eval.slots",
-            "eval.periodic_problems", "sft.batch_size", "task.n_train", "task.n_eval"):
-    r.append((k, lambda v: v >= 1, "must be >= 1", "use a positive integer"))
   return r
 
 
@@ -460,31 +299,10 @@ def validate_config(config, num_devices: Optional[int] = None) -> None:
   if num_devices is None and not _coordinated(config):
     import jax  # pylint: disable=import-outside-toplevel  # only here: the count starts a backend
     num_devices = jax.device_count()
-  schema = reference_schema()
-  flat = _flatten(config)
-  problems, bad = [], set()
-  for k, v in flat.items():
-    if k not in schema:
-      bad.add(k)
-      close = [s for s in schema if s.split(".")[-1] == k.split(".")[-1] or
-               (s.split(".")[0] == k.split(".")[0] and _similar(s.split(".")[-1], k.split(".")[-1]))]
-      problems.append(f"config.{k}: unknown key; fix: remove it"
-                      + (f" or use {', '.join('config.' + c for c in close[:3])}" if close else ""))
-      continue
-    types = schema[k]
-    if bool in types and not isinstance(v, bool) or bool not in types and isinstance(v, bool) \
-        or not isinstance(v, types):
-      bad.add(k)
-      problems.append(f"config.{k} = {v!r}: wrong type {type(v).__name__}; fix: give a "
-                      f"{' or '.join(t.__name__ for t in types)}")
-      continue
-    if isinstance(v, float) and not math.isfinite(v):
-      bad.add(k)
-      problems.append(f"config.{k} = {v!r}: must be finite; fix: give a finite number")
-  for field, choices in enum_choices().items():
-    if field in flat and field not in bad and flat[field] not in choices:
-      bad.add(field)
-      problems.append(_enum_problem(field, flat[field], choices))
+  given = roles.flatten(config)
+  problems, bad = roles.field_problems(given)
+  flat = {name: spec.default for name, spec in roles.fields().items()}
+  flat.update(given)  # the rules see every field (a missing one has its default)
   for rule in _rules(flat, num_devices):
     field, ok, what, fix = rule[:4]
     reads = rule[4] if len(rule) > 4 else ()
@@ -518,7 +336,7 @@ def config_warnings(config) -> list[str]:
     * a PPO-family objective (ppo_clip, tis, icepop) with ``train.policy_minibatches=1``: one
       update per batch, so its ratio pi / pi_old is 1 at that update and the PPO clip never
       acts (README, "paper name" table)."""
-  flat = _flatten(config)
+  flat = roles.flatten(config)
   _, objective, _ = _resolved(flat)
   out = []
   if objective in _PPO_FAMILY and flat.get("train.policy_minibatches", 1) == 1:
@@ -527,7 +345,3 @@ def config_warnings(config) -> list[str]:
                "is 1 and the clip never acts; for PPO-style clipping use e.g. "
                "--config.train.policy_minibatches=4 (SAO's DIS needs no mini-batches).")
   return out
-
-
-def _similar(a: str, b: str) -> bool:
-  return difflib.SequenceMatcher(None, a, b).ratio() >= 0.75
