@@ -60,24 +60,12 @@ KVCache = list  # list[tuple[jax.Array, jax.Array]], one (k, v) per layer
 
 _ACTIVATION_CONSTRAINT: contextvars.ContextVar = contextvars.ContextVar(
     "sao_jax_activation_constraint", default=None)
-_STACKED_CONSTRAINT: contextvars.ContextVar = contextvars.ContextVar(
-    "sao_jax_stacked_constraint", default=None)
 
 
 @contextlib.contextmanager
-def activation_constraint(constrain: Callable[[jax.Array], jax.Array],
-                          stacked: Optional[Callable[[str, jax.Array], jax.Array]] = None
-                          ) -> Iterator[None]:
+def activation_constraint(constrain: Callable[[jax.Array], jax.Array]) -> Iterator[None]:
   """Within this context (while a forward is traced), the models pass their residual stream
-  ``x [B, T, D]`` through ``constrain`` after the embedding lookup and after every block, and,
-  under ``ModelConfig.scan_layers``, every stacked parameter ``[L, ...]`` through
-  ``stacked(path, leaf)`` (``path`` the first stacked layer's parameter path,
-  ``"layers/0/attn/q_proj/kernel"``, whose logical axes ``models.partition`` gives).
-
-  The train steps give ``stacked`` the parameter's own sharding with the layer axis replicated.
-  Without it the stack (and the stacked weight gradient the scan's backward accumulates) gets no
-  sharding from propagation and XLA keeps it whole on every chip: for Qwen3-30B-A3B on 32 chips
-  that was 61 GiB of bfloat16 weights per chip in the policy update's temporaries.
+  ``x [B, T, D]`` through ``constrain`` after the embedding lookup and after every block.
 
   The train steps give ``x -> jax.lax.with_sharding_constraint(x, P(batch_axes))`` so that the
   activations are sharded on the batch's mesh axes. Without it, XLA's propagation lays the
@@ -86,11 +74,9 @@ def activation_constraint(constrain: Callable[[jax.Array], jax.Array],
   instead of shrinking (MaxText constrains each layer's activations with logical axis rules for
   the same reason). Read at trace time only; nothing is stored in the modules."""
   token = _ACTIVATION_CONSTRAINT.set(constrain)
-  stacked_token = _STACKED_CONSTRAINT.set(stacked)
   try:
     yield
   finally:
-    _STACKED_CONSTRAINT.reset(stacked_token)
     _ACTIVATION_CONSTRAINT.reset(token)
 
 
@@ -493,24 +479,13 @@ def _cast_for_compute(block: nnx.Module, state):
   return jax.tree_util.tree_map_with_path(cast, state)
 
 
-def stack_states(blocks: Sequence[nnx.Module], prefix: str = "layers/0"):
+def stack_states(blocks: Sequence[nnx.Module]):
   """``(graphdef, stacked state)`` of homogeneous blocks: every parameter leaf gets a leading
   layer axis ``[L, ...]`` (``jnp.stack``), in the dtype the block computes with where that is
-  exact (``_cast_for_compute``: the ``nnx.Linear`` kernels), else in the parameter's own; then
-  the ``activation_constraint`` context's ``stacked`` hook, if any, sees each leaf with its path
-  ``f"{prefix}/attn/q_proj/kernel"`` (``prefix``: the first block's path)."""
+  exact (``_cast_for_compute``: the ``nnx.Linear`` kernels), else in the parameter's own."""
   graphdef = nnx.split(blocks[0])[0]
   states = [_cast_for_compute(b, nnx.split(b)[1]) for b in blocks]
-  stacked = jax.tree.map(lambda *a: jnp.stack(a), *states)
-  hook = _STACKED_CONSTRAINT.get()
-  if hook is None:
-    return graphdef, stacked
-
-  def constrain(path, leaf):
-    keys = [str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey)]
-    return hook("/".join([prefix, *keys]), leaf)
-
-  return graphdef, jax.tree_util.tree_map_with_path(constrain, stacked)
+  return graphdef, jax.tree.map(lambda *a: jnp.stack(a), *states)
 
 
 class Transformer(nnx.Module):
@@ -602,7 +577,7 @@ class Transformer(nnx.Module):
         x, r = block_fn(graphdef, cfg.remat)(state, x, positions, attention_mask)
         router_logits.extend([] if r is None else [r])
         continue
-      graphdef, stacked = stack_states(blocks[start:end], prefix=f"layers/{start}")
+      graphdef, stacked = stack_states(blocks[start:end])
       f = block_fn(graphdef, cfg.remat, prevent_cse=False)
 
       def body(h, state, f=f):

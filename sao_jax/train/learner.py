@@ -34,7 +34,6 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from sao_jax import algo
-from sao_jax.models import partition
 from sao_jax.rollout.trajectory import Trajectory
 from sao_jax.train import modes, optim, sharding, steps
 from sao_jax.train.baselines import RunningMeanBaseline
@@ -225,17 +224,7 @@ class Learner:
     return create(_put(params, sh.params))
 
   def _constrain(self, x, kind):
-    """``x`` constrained on the learner's mesh: ``kind`` "logits" / "tokens" (rows on the batch
-    axes), or a parameter path ``"layers/3/attn/q_proj/kernel"`` for a stacked parameter
-    ``[L, ...]`` of a scanned layer run (that parameter's sharding, the layer axis replicated).
-    On a one-device mesh ``x`` is returned as is (nothing to shard)."""
-    if self.mesh.size == 1:
-      return x
-    if kind.startswith("layers/"):
-      axes = partition.axes_for_path(kind, x.ndim - 1)
-      spec = P(None, *sharding.logical_to_spec(axes, x.shape[1:], self.mesh))
-    else:
-      spec = self.policy_sh.logits_spec if kind == "logits" else self.policy_sh.values_spec
+    spec = self.policy_sh.logits_spec if kind == "logits" else self.policy_sh.values_spec
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
   def jitted_steps(self, microbatches: int = 1):

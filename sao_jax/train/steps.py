@@ -384,7 +384,7 @@ def policy_logprobs_aux(graphdef, params, tokens: jax.Array, where: jax.Array, *
   ``router_aux_loss_coef`` 0)."""
   model = nnx.merge(graphdef, params)
   pos = default_positions(tokens)
-  with activation_constraint(lambda x: constrain(x, "tokens"), stacked=lambda path, x: constrain(x, path)):
+  with activation_constraint(lambda x: constrain(x, "tokens")):
     hidden, aux = model.hidden_with_aux(tokens, pos, aux_mask=where)
   if chunk == 0:
     logits = model.logits_from_hidden(hidden)
@@ -409,7 +409,7 @@ def critic_values(critic_graphdef, critic_params, tokens: jax.Array,
   and its MoE router loss over the ``aux_mask`` tokens (``Critic.with_aux``; None for a dense
   backbone or ``router_aux_loss_coef`` 0)."""
   critic = nnx.merge(critic_graphdef, critic_params)
-  with activation_constraint(lambda x: constrain(x, "tokens"), stacked=lambda path, x: constrain(x, path)):
+  with activation_constraint(lambda x: constrain(x, "tokens")):
     values, aux = critic.with_aux(tokens, default_positions(tokens), aux_mask=aux_mask)
   return constrain(values, "tokens"), aux
 
