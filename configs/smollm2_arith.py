@@ -36,8 +36,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.queue_size = 64
 
   # measured (benchmarks/smollm2_step_memory.py, RESULTS section 5b): one whole SAO step on all
-  # 16 rows at once grew the process by 4.6 GB before the chunked log-probs, so no
-  # micro-batching is needed for memory on a 24 GB host; kept for the step time measured with it
+  # 16 rows at once grows the process by 4.7-7.7 GB (2.2-4.8 GB in 4 micro-batches), so no
+  # micro-batching is needed for memory on a 24 GB host; kept because the step is no slower
+  # with it (45-47 s vs 50-53 s whole, on one core)
   c.mesh.tokens_per_device = 384           # micro-batches of 4 rows of 96 tokens
   c.train.batch_size = 16
   # at this lr a 40-step run peaked at step 10 (58% on 100 held-out), then collapsed (8% at 20)
