@@ -11,6 +11,11 @@ needs a policy checkpoint: a Hugging Face folder (`config.json`, `model.safetens
 e.g. Qwen3-30B-A3B) loaded by `sao_jax.models.hf`, or an orbax checkpoint written by sao_jax
 (`<run_dir>/checkpoints`). With a Hugging Face folder the prompts go through its chat template.
 Without one it stops at once and says which field to set.
+Sized for Qwen3-30B-A3B on a v5p-64 (32 chips, fsdp=32): with block remat, a scan over the
+layers and micro-batches of one 4096-token row per chip, every learner program plans at 72 GiB
+per chip of 95, the engine at 87.5 GiB (prefill) on one chip (docs/scale.md; `python -m
+sao_jax.plan --config=configs/aime.py --model=qwen3-30b-a3b --topology=v5p-64`). With 2 rows
+per micro-batch (`mesh.tokens_per_device=8192`) the learner needs 103 GiB and does not fit.
 `--config=configs/aime.py:smoke` runs the AIME data path end to end with a tiny random model
 for two steps (a wiring check, not a result).
 """
@@ -64,13 +69,17 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.eval.periodic_problems = 30
   c.checkpoint.every_steps = 50
   c.mesh.shape = "fsdp=-1"            # FSDP over every device (1 CPU ... a pod): no code change
-  c.mesh.tokens_per_device = 8192     # micro-batches of 2 x 4096-token rows per device
+  c.mesh.tokens_per_device = 4096     # micro-batches of 1 x 4096-token row per device
+  c.model.remat = "block"             # keep one input per block for the backward pass
+  c.model.scan_layers = True          # one lax.scan over the 48 layers (compile time flat in depth)
 
   if variant == "smoke":
     c.run_dir = "runs/aime_smoke"
     c.train.critic_warmup_steps = 0     # a wiring check: no value pre-training
     c.model.checkpoint_dir = ""       # tiny random model instead of a checkpoint
     c.model.param_dtype, c.model.dtype = "float32", "float32"
+    c.mesh.tokens_per_device = 8192   # the tiny model's smoke as before these defaults
+    c.model.remat, c.model.scan_layers = "none", False
     c.model.d_model, c.model.n_layers, c.model.d_ff = 32, 1, 64
     c.model.n_heads, c.model.n_kv_heads, c.model.head_dim = 2, 1, 16
     c.model.max_seq_len = 2304        # longest prompt: 1,895 + 202 instruction characters
