@@ -40,7 +40,6 @@ import numpy as np
 
 from configs import arith_tool
 from sao_jax import build, roles, tasks
-from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.worker import RolloutWorker
 
@@ -82,10 +81,8 @@ def main():
   if ndev > 1 and c.rollout.slots % ndev == 0:
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     paths[f"ours@{ndev}"] = (
-        SAOEngine(policy.mcfg, policy.graphdef, task.tokenizer,
-                  max_concurrent_decodes=c.rollout.slots,
-                  max_prefill_length=c.rollout.max_prefill_length, temperature=1.0,
-                  seed=c.seed, mesh=mesh),
+        build.make_engine(c, policy.mcfg, policy.graphdef, task.tokenizer,
+                          slots=c.rollout.slots, temperature=1.0, mesh=mesh),
         jax.device_put(policy.params, jax.sharding.NamedSharding(
             mesh, jax.sharding.PartitionSpec())))
   paths["jetstream_api"] = (JetStreamOnly(engine), policy.params)

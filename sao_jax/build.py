@@ -139,13 +139,14 @@ def make_learner(run: roles.Run, policy: Policy, pad_id: int, mesh=None) -> Lear
 
 
 def make_engine(run: roles.Run, mcfg: ModelConfig, graphdef, tokenizer, *, slots: int,
-                temperature: float, seed: Optional[int] = None) -> SAOEngine:
+                temperature: float, seed: Optional[int] = None, mesh=None) -> SAOEngine:
   """A JetStream-API ``SAOEngine`` over ``graphdef`` (``Policy.graphdef`` or ``graphdef_of``):
   ``slots`` decode slots, prompts up to ``rollout.max_prefill_length``, sampling at
-  ``temperature`` (0 = greedy) from ``seed`` (default ``run.seed``)."""
+  ``temperature`` (0 = greedy) from ``seed`` (default ``run.seed``); ``mesh``: the engine's own
+  (slots over ``data``; None = one device)."""
   return SAOEngine(mcfg, graphdef, tokenizer, max_concurrent_decodes=slots,
                    max_prefill_length=run.rollout.max_prefill_length,
-                   temperature=temperature, seed=run.seed if seed is None else seed)
+                   temperature=temperature, seed=run.seed if seed is None else seed, mesh=mesh)
 
 
 def env_fault_rate() -> float:
@@ -179,8 +180,8 @@ def make_source(run: roles.Run, task, policy: Policy, params, version: int, ledg
   common = dict(group_size=spec.group_size, synchronous=spec.synchronous,
                 batch_size=run.train.batch_size, staleness_policy=r.staleness_policy,
                 max_staleness=r.max_staleness, run_dir=run_dir)
-  if r.backend == "ray":  # N rollout actors (rollout/ray_source.py)
-    from sao_jax.rollout.ray_source import RaySource  # pylint: disable=import-outside-toplevel  (ray is heavy and optional)
+  if r.backend == "ray":  # N rollout actors (rollout/ray_source.py); ray is heavy and optional
+    from sao_jax.rollout.ray_source import RaySource  # pylint: disable=import-outside-toplevel
     return RaySource(run, policy.mcfg, ledger, params, version, **common)
   engine = make_engine(run, policy.mcfg, policy.graphdef, task.tokenizer, slots=r.slots,
                        temperature=r.temperature)
