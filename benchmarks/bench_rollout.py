@@ -39,11 +39,9 @@ import jax  # pylint: disable=wrong-import-position
 import numpy as np
 
 from configs import arith_tool
-from sao_jax import tasks
-from sao_jax.rollout.engine import SAOEngine
+from sao_jax import build, roles, tasks
 from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.worker import RolloutWorker
-from sao_jax.train import setup
 
 
 class JetStreamOnly:
@@ -70,21 +68,21 @@ def main():
   malloc_tuned = common.apply_malloc(args)
   c = arith_tool.get_config()
   c.sft.cache_dir = args.sft_cache
+  c = roles.from_config(c)
   n = 16 if args.quick else args.problems
   repeats = 1 if args.quick else args.repeats
   task = tasks.make_task(c)
-  policy = setup.build_policy(c, task, warm_start=not args.quick)
-  engine = setup.make_engine(c, policy, task.tokenizer, slots=c.rollout.slots, temperature=1.0)
+  policy = build.build_policy(c, task, warm_start=not args.quick)
+  engine = build.make_engine(c, policy.mcfg, policy.graphdef, task.tokenizer,
+                             slots=c.rollout.slots, temperature=1.0)
   problems = task.train_problems[:n]
   paths = {"ours": (engine, policy.params)}
   ndev = len(jax.devices())
   if ndev > 1 and c.rollout.slots % ndev == 0:
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
     paths[f"ours@{ndev}"] = (
-        SAOEngine(policy.mcfg, policy.graphdef, task.tokenizer,
-                  max_concurrent_decodes=c.rollout.slots,
-                  max_prefill_length=c.rollout.max_prefill_length, temperature=1.0,
-                  seed=c.seed, mesh=mesh),
+        build.make_engine(c, policy.mcfg, policy.graphdef, task.tokenizer,
+                          slots=c.rollout.slots, temperature=1.0, mesh=mesh),
         jax.device_put(policy.params, jax.sharding.NamedSharding(
             mesh, jax.sharding.PartitionSpec())))
   paths["jetstream_api"] = (JetStreamOnly(engine), policy.params)

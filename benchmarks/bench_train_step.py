@@ -294,7 +294,7 @@ def main():
       hf.save_hf_checkpoint(d, cfg, params)
       t_policy, t_critic = torch_steps(d, cfg, np_batch, value_kernel)
       tunix = None if args.no_tunix else tunix_steps(d, cfg, np_batch, value_kernel)
-    # the critic peer starts from the policy weights; so does ours (setup.critic_from_policy)
+    # the critic peer starts from the policy weights; so does ours (build.critic_from_policy)
     c_params["backbone"] = jax.tree.map(jnp.copy, params)
     learner, p_step, c_step = common.learner_steps(graphdef, params, c_graphdef, c_params, LR)
     state = {"p": learner.policy, "c": learner.critic}

@@ -213,10 +213,11 @@ def learner_steps(graphdef, params, critic_graphdef, critic_params, lr: float, *
   ``configs/arith_tool.py`` (``train`` fields overridden; no critic lr warm-up), and its
   ``(learner, policy_step(state, batch, advantages, None), critic_step(state, batch,
   targets))``."""
-  from sao_jax import configs  # pylint: disable=import-outside-toplevel  (jax-free module top)
+  # pylint: disable-next=import-outside-toplevel  (jax-free module top)
+  from sao_jax import configs, roles
   from sao_jax.train.learner import Learner, LearnerConfig  # pylint: disable=import-outside-toplevel
-  cfg = LearnerConfig.from_config(configs.load("arith_tool"), policy_lr=lr, critic_lr=lr,
-                                  critic_lr_warmup_steps=0, **train)
+  cfg = LearnerConfig.from_run(roles.from_config(configs.load("arith_tool")), policy_lr=lr,
+                               critic_lr=lr, critic_lr_warmup_steps=0, **train)
   learner = Learner(cfg, graphdef, params, critic_graphdef, critic_params, pad_id=0)
   _, critic_step, policy_step, _, _ = learner.jitted_steps()
   return learner, policy_step, critic_step

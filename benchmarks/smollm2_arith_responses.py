@@ -27,8 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from sao_jax import configs, tasks  # noqa: E402
-from sao_jax.train import setup  # noqa: E402
+from sao_jax import build, configs, roles, tasks  # noqa: E402
 from sao_jax.train.checkpoint import load_policy_params  # noqa: E402
 
 _BOXED_NUM = re.compile(r"\\boxed\{\s*-?\d+\s*\}")
@@ -46,11 +45,11 @@ def main():
   ap.add_argument("--run", default="runs/smollm2_arith")
   ap.add_argument("--out", default="benchmarks/results/smollm2_arith_responses")
   args = ap.parse_args()
-  config = configs.load("smollm2_arith")
+  config = roles.from_config(configs.load("smollm2_arith"))
   task = tasks.make_task(config)
-  policy = setup.build_policy(config, task)
-  engine = setup.make_engine(config, policy, task.tokenizer, slots=config.eval.slots,
-                             temperature=0.0)
+  policy = build.build_policy(config, task)
+  engine = build.make_engine(config, policy.mcfg, policy.graphdef, task.tokenizer,
+                             slots=config.eval.slots, temperature=0.0)
   os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, "summary.json")
   summary = json.load(open(path)) if os.path.isfile(path) else {}
@@ -59,7 +58,7 @@ def main():
     params = policy.params
     if which == "trained":
       params = load_policy_params(os.path.join(args.run, "checkpoints"), policy.params)
-    ev = setup.evaluate(engine, task, params, task.eval_problems, config)
+    ev = build.evaluate(engine, task, params, task.eval_problems, config)
     rows = []
     for t in ev["trajectories"]:
       p = by_id[t.problem_id]

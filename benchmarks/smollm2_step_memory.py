@@ -36,18 +36,18 @@ def status(key):
 
 import jax, numpy as np
 from flax import nnx
-from sao_jax import configs
+from sao_jax import build, configs, roles
 from sao_jax.models.presets import get_preset
 from sao_jax.models.transformer import Transformer
 from sao_jax.rollout.trajectory import Trajectory
-from sao_jax.train import setup
 
 config = configs.load("smollm2_arith")
 config.mesh.tokens_per_device = tokens_per_device
+config = roles.from_config(config)
 mcfg = get_preset("smollm2-135m", max_seq_len=config.model.max_seq_len)
 graphdef, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(0)))
-policy = setup.Policy(mcfg, graphdef, nnx.to_pure_dict(params), "random")
-learner = setup.make_learner(config, policy, pad_id=0)
+policy = build.Policy(mcfg, graphdef, nnx.to_pure_dict(params), "random")
+learner = build.make_learner(config, policy, pad_id=0)
 rng = np.random.default_rng(0)
 B, T, P = config.train.batch_size, config.model.max_seq_len, 59
 trajs = []

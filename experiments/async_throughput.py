@@ -49,8 +49,8 @@ def lognormal_lengths(n: int, seed: int) -> np.ndarray:
 def chain_demo_lengths(seed: int) -> np.ndarray:
   """int64 [4000] action-token counts of the chain_tool warm-up demonstrations
   (``configs/chain_tool.py``, seed 0; loss-mask sums), in a seed-dependent order."""
-  from sao_jax import configs, tasks  # pylint: disable=import-outside-toplevel
-  c = configs.load("chain_tool")
+  from sao_jax import configs, roles, tasks  # pylint: disable=import-outside-toplevel
+  c = roles.from_config(configs.load("chain_tool"))
   lengths = np.array([sum(m) for _, m in tasks.make_task(c).sft_demos], np.int64)
   return np.random.default_rng(seed).permutation(lengths)
 

@@ -1,18 +1,152 @@
-"""The composition root's builders shared by every path that rolls out (the thread source in
-``train/setup.py``, the Ray rollout actor), so that both get the same objects from the same
-typed roles (``sao_jax/roles.py``).
+"""The composition root: every object a run is made of, built from the typed roles
+(``sao_jax/roles.py``), in one place.
 
-Only what the two rollout paths built differently lives here so far: the guarded environment
-(timeout, injected fault rate, env threads) and the rollout worker's settings.
+What it builds, and from which role:
+  * ``build_policy``: the starting ``Policy`` (``run.model``: checkpoint / GGUF / random init;
+    ``run.sft``: the warm start) -- ``sft_key`` names a cached warm start;
+  * ``critic_from_policy``: the critic, a copy of the policy's backbone with a zero value head;
+  * ``make_mesh`` (``run.mesh``) and ``make_learner`` (``run.train``, via ``LearnerConfig``);
+  * ``make_engine``: a JetStream-API ``SAOEngine`` (``run.rollout``);
+  * ``rollout_env`` and ``worker_kwargs``: the guarded environment and the rollout worker's
+    settings, the same for the thread source and the Ray rollout actor;
+  * ``make_source``: the ``TrajectorySource`` of ``run.rollout.backend``;
+  * ``evaluate``: greedy evaluation (``run.eval``).
+
+The driver (``train/loop.py``), the Ray rollout actor, ``eval.py`` and the benchmarks call these;
+none of them builds these objects its own way. Only the top (``main.py``, ``loop.run``,
+``eval.main``) sees the ml_collections ConfigDict.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
+from typing import Any, Optional
 
-from sao_jax import roles
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sao_jax import faults, pretrained, roles
 from sao_jax.envs.guard import GuardedEnv
-from sao_jax.rollout.worker import env_workers_for
+from sao_jax.models.transformer import Critic, ModelConfig, Transformer
+from sao_jax.rollout.engine import SAOEngine
+from sao_jax.rollout.ledger import PromptLedger
+from sao_jax.rollout.source import ThreadSource
+from sao_jax.rollout.worker import env_workers_for, generate_trajectories
+from sao_jax.train import distributed, sharding
+from sao_jax.train import sft as sft_lib
+from sao_jax.train.checkpoint import load_policy_params
+from sao_jax.train.learner import Learner, LearnerConfig
+from sao_jax.train.progress import Progress
+
+
+@dataclasses.dataclass
+class Policy:
+  """The starting policy: model config, graphdef (static), params (pure dict), its source and
+  whether it was loaded from a checkpoint."""
+  mcfg: ModelConfig
+  graphdef: Any
+  params: Any
+  source: str
+  loaded: bool = False
+
+
+def graphdef_of(mcfg: ModelConfig):
+  """The ``Transformer`` graphdef of ``mcfg`` (abstract: no parameter is initialised)."""
+  return nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))[0]
+
+
+def sft_key(run: roles.Run, mcfg) -> str:
+  """The identity of a warm start (its ``sft.cache_dir`` file name): the ``sft`` and ``task``
+  fields, the model and the seed -- not where it is cached (``sft.cache_dir``) nor
+  ``task.prompt_pool`` (which prompts RL cycles over)."""
+  sft = {k: v for k, v in dataclasses.asdict(run.sft).items() if k != "cache_dir"}
+  task = {k: v for k, v in dataclasses.asdict(run.task).items() if k != "prompt_pool"}
+  return sft_lib.cache_key(sft, task, str(mcfg), run.seed)
+
+
+def build_policy(run: roles.Run, task, warm_start: bool = True, mesh=None) -> Policy:
+  """The policy from ``model.checkpoint_dir`` / ``model.gguf`` (Hugging Face folder, GGUF, or a
+  sao_jax run checkpoint), else a random init of ``run.model`` warm-started by SFT on the
+  task's demonstrations (``sft.*``; cached under ``sft.cache_dir``) when ``warm_start``.
+  ``mesh`` (the learner's, ``make_mesh``): a Hugging Face / GGUF checkpoint is loaded straight
+  into its shardings there (``pretrained.load_model``); None = one device."""
+  model, sft = run.model, run.sft
+  loaded = pretrained.load_model(model, mesh)  # HF checkpoint folder / GGUF, else None
+  if loaded:
+    mcfg, params = loaded
+    return Policy(mcfg, graphdef_of(mcfg), params, f"{pretrained.source(model)} checkpoint", True)
+  mcfg = pretrained.model_config(model, task.tokenizer.vocab_size)
+  graphdef, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(run.seed)))
+  params = nnx.to_pure_dict(params)
+  if model.checkpoint_dir:
+    return Policy(mcfg, graphdef, load_policy_params(model.checkpoint_dir, params),
+                  model.checkpoint_dir, True)
+  if not (task.sft_demos and sft.steps > 0 and warm_start):
+    return Policy(mcfg, graphdef, params, "random init")
+  t0 = time.time()
+  bar = Progress(sft.steps, desc="SFT warm-up", mode=run.log.progress)
+  params, loss = sft_lib.cached_sft(
+      sft.cache_dir, sft_key(run, mcfg),
+      params, lambda: sft_lib.train_sft(
+          graphdef, params, task.sft_demos, pad_id=task.tokenizer.pad_id,
+          steps_=sft.steps, batch_size=sft.batch_size, lr=sft.lr,
+          seed=run.seed, log_every=max(1, sft.steps // 5),
+          log=lambda msg: print(msg, file=bar.stream, flush=True), on_step=lambda i: bar.update()))
+  bar.close()
+  print(f"sft warm-up: {sft.steps} steps, final loss {loss:.4f}"
+        f"{' (cached: ' + sft.cache_dir + ')' if np.isnan(loss) else ''}, "
+        f"{time.time() - t0:.1f}s", flush=True)
+  return Policy(mcfg, graphdef, params, "SFT warm start")
+
+
+def critic_from_policy(mcfg: ModelConfig, policy_params, seed: int):
+  """A critic whose backbone starts as a copy of the policy and whose value head is zero.
+
+  The backbone is built in place: each policy array is copied with its own sharding (device to
+  device, no gather; host arrays stay on the host), and no critic backbone is initialised."""
+  del seed  # the only initialised part, the value head, is zeros
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: Critic(mcfg, rngs=nnx.Rngs(0))))
+  params = nnx.to_pure_dict(params)
+  params["value_head"] = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                      params["value_head"])
+  params["backbone"] = jax.tree.map(
+      lambda x: (jax.device_put(x, x.sharding, may_alias=False) if isinstance(x, jax.Array)
+                 else np.array(x)), policy_params)
+  return graphdef, params
+
+
+def make_mesh(mesh: roles.Mesh) -> Optional[jax.sharding.Mesh]:
+  """The mesh of ``mesh.shape`` ("fsdp=-1", "fsdp=2,tensor=2,expert=2", ...); None when empty
+  (the learner then uses one device)."""
+  shape = distributed.parse_mesh_shape(mesh.shape)
+  return sharding.make_mesh(shape) if shape else None
+
+
+def make_learner(run: roles.Run, policy: Policy, pad_id: int, mesh=None) -> Learner:
+  """The learner for ``run.train`` on ``mesh`` (default ``make_mesh(run.mesh)``), with a critic
+  initialised from the policy when the estimator needs one. Params already sharded on that mesh
+  (``build_policy(..., mesh=)``) are copied device to device, never through one device."""
+  cfg = LearnerConfig.from_run(run)
+  critic = (critic_from_policy(policy.mcfg, policy.params, run.seed + 1)
+            if cfg.spec.uses_critic else (None, None))
+  return Learner(cfg, policy.graphdef, policy.params, *critic, pad_id=pad_id,
+                 vocab_size=policy.mcfg.vocab_size,
+                 mesh=mesh if mesh is not None else make_mesh(run.mesh))
+
+
+def make_engine(run: roles.Run, mcfg: ModelConfig, graphdef, tokenizer, *, slots: int,
+                temperature: float, seed: Optional[int] = None, mesh=None) -> SAOEngine:
+  """A JetStream-API ``SAOEngine`` over ``graphdef`` (``Policy.graphdef`` or ``graphdef_of``):
+  ``slots`` decode slots, prompts up to ``rollout.max_prefill_length``, sampling at
+  ``temperature`` (0 = greedy) from ``seed`` (default ``run.seed``); ``mesh``: the engine's own
+  (slots over ``data``; None = one device)."""
+  return SAOEngine(mcfg, graphdef, tokenizer, max_concurrent_decodes=slots,
+                   max_prefill_length=run.rollout.max_prefill_length,
+                   temperature=temperature, seed=run.seed if seed is None else seed, mesh=mesh)
 
 
 def env_fault_rate() -> float:
@@ -35,3 +169,42 @@ def worker_kwargs(run: roles.Run) -> dict:
   return dict(max_new_tokens=r.max_new_tokens, max_seq_len=run.model.max_seq_len,
               temperature=r.temperature, kv_on_update=r.kv_on_update,
               decode_steps=r.decode_steps)
+
+
+def make_source(run: roles.Run, task, policy: Policy, params, version: int, ledger: PromptLedger,
+                spec, *, start_step: int = 0, run_dir: str = ""):
+  """The trajectory source of ``rollout.backend`` ("thread": a rollout worker thread in this
+  process; "ray": ``rollout.num_workers`` Ray rollout actors) with the mode's groups / barrier
+  (``spec``), the staleness policy and the ledger."""
+  r = run.rollout
+  common = dict(group_size=spec.group_size, synchronous=spec.synchronous,
+                batch_size=run.train.batch_size, staleness_policy=r.staleness_policy,
+                max_staleness=r.max_staleness, run_dir=run_dir)
+  if r.backend == "ray":  # N rollout actors (rollout/ray_source.py); ray is heavy and optional
+    from sao_jax.rollout.ray_source import RaySource  # pylint: disable=import-outside-toplevel
+    return RaySource(run, policy.mcfg, ledger, params, version, **common)
+  engine = make_engine(run, policy.mcfg, policy.graphdef, task.tokenizer, slots=r.slots,
+                       temperature=r.temperature)
+  seed = faults.step_seed(run.seed, start_step) if start_step else run.seed
+  engine.reseed(seed)
+  env, env_workers = rollout_env(run, task.env, run.seed)
+  return ThreadSource(
+      engine, env, ledger, params, version, stop_ids=task.stop_ids, queue_size=r.queue_size,
+      env_workers=env_workers, seed=seed, lockstep=r.lockstep, lockstep_delay=r.lockstep_delay,
+      stop_strings=task.stop_strings, **worker_kwargs(run), **common)
+
+
+def evaluate(engine, task, params, problems, run: roles.Run, version: int = 0) -> dict:
+  """Greedy pass@1 on ``problems`` through the engine; also tool-use rate and mean length."""
+  env = task.eval_env if getattr(task, "eval_env", None) is not None else task.env
+  trajs = generate_trajectories(engine, env, params, problems, stop_ids=task.stop_ids,
+                                max_new_tokens=run.rollout.max_new_tokens,
+                                max_seq_len=run.model.max_seq_len, temperature=0.0,
+                                version=version, stop_strings=task.stop_strings,
+                                env_workers=env_workers_for(run),
+                                decode_steps=run.rollout.decode_steps)
+  rewards = np.array([t.reward for t in trajs], np.float64)
+  return {"accuracy": float(rewards.mean()) if rewards.size else 0.0,
+          "tool_use": float(np.mean([t.info.get("tool_calls", 0) > 0 for t in trajs])),
+          "response_tokens": float(np.mean([t.num_action_tokens for t in trajs])),
+          "n": len(trajs), "trajectories": trajs}

@@ -51,12 +51,11 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from sao_jax import pretrained
+from sao_jax import build, pretrained, roles
 from sao_jax.data.jsonl import read_jsonl
 from sao_jax.envs.grading import grade
 from flax import nnx
 from sao_jax.models.transformer import Transformer
-from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.worker import RolloutWorker
 from sao_jax.train.checkpoint import load_policy_params
@@ -176,27 +175,26 @@ def responses_rollout(path: str, problems: Sequence) -> Callable[[list], list]:
   return rollout
 
 
-def engine_rollout(config, params, mcfg, task, *, temperature: float, max_new_tokens: int,
-                   seed: int, env=None, env_workers: int = 0,
+def engine_rollout(run: roles.Run, params, mcfg, task, *, temperature: float,
+                   max_new_tokens: int, seed: int, env=None, env_workers: int = 0,
                    trajectories: Optional[list] = None) -> Callable[[list], list]:
-  """A rollout through ``SAOEngine`` + ``RolloutWorker`` (the trainer's engine path).
+  """A rollout through ``SAOEngine`` + ``RolloutWorker`` (the trainer's engine path, built by
+  ``build.make_engine`` with ``run.eval.slots`` slots).
 
   ``task`` (``sao_jax.tasks.Task``) gives the tokenizer, stop ids and stop strings; ``env``
   (default the task's eval env) answers every turn -- multi-turn with the sandboxed tool for
   ``tir_math``, ``env_workers`` threads running ``env.step`` off the decode loop. Finished
   ``Trajectory`` objects are appended to ``trajectories`` when given (turns, tool calls)."""
   env = env if env is not None else (task.eval_env if task.eval_env is not None else task.env)
-  graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))[0]
-  engine = SAOEngine(mcfg, graphdef, task.tokenizer, max_concurrent_decodes=config.eval.slots,
-                     max_prefill_length=config.rollout.max_prefill_length,
-                     temperature=temperature, seed=seed)
+  engine = build.make_engine(run, mcfg, build.graphdef_of(mcfg), task.tokenizer,
+                             slots=run.eval.slots, temperature=temperature, seed=seed)
   weights = WeightStore(params, 0)
 
   def rollout(expanded):
     out: list = []
     worker = RolloutWorker(engine, env, iter(expanded), lambda t: out.append(t) or True, weights,
                            stop_ids=task.stop_ids, stop_strings=task.stop_strings,
-                           max_new_tokens=max_new_tokens, max_seq_len=config.model.max_seq_len,
+                           max_new_tokens=max_new_tokens, max_seq_len=run.model.max_seq_len,
                            temperature=temperature, seed=seed, env_workers=env_workers)
     worker.run()
     if trajectories is not None:
@@ -205,20 +203,20 @@ def engine_rollout(config, params, mcfg, task, *, temperature: float, max_new_to
   return rollout
 
 
-def load_params(config, checkpoint: str, vocab_size: int):
-  """``(ModelConfig, policy params)`` of ``config``'s model: a Hugging Face folder / GGUF
-  (``config.model.checkpoint_dir`` / ``model.gguf``, shapes from the checkpoint), an orbax
+def load_params(run: roles.Run, checkpoint: str, vocab_size: int):
+  """``(ModelConfig, policy params)`` of ``run.model``: a Hugging Face folder / GGUF
+  (``model.checkpoint_dir`` / ``model.gguf``, shapes from the checkpoint), an orbax
   ``checkpoint`` written by ``sao_jax.main``, or random init when there is none and the config
   allows it. Raises ValueError naming the flag to set."""
-  if not checkpoint or checkpoint == config.model.checkpoint_dir:
-    loaded = pretrained.load_model(config)
+  if not checkpoint or checkpoint == run.model.checkpoint_dir:
+    loaded = pretrained.load_model(run.model)
     if loaded:
       return loaded
-  mcfg = pretrained.model_config(config, vocab_size)
-  params = nnx.to_pure_dict(nnx.split(Transformer(mcfg, rngs=nnx.Rngs(config.seed)))[1])
+  mcfg = pretrained.model_config(run.model, vocab_size)
+  params = nnx.to_pure_dict(nnx.split(Transformer(mcfg, rngs=nnx.Rngs(run.seed)))[1])
   if checkpoint:
     return mcfg, load_policy_params(checkpoint, params)
-  if not config.allow_random_init:
+  if not run.allow_random_init:
     raise ValueError("no checkpoint: pass --checkpoint=<run_dir>/checkpoints (a folder written "
                      "by `python -m sao_jax.main`) or --config.model.checkpoint_dir=<HF folder>.")
   print("warning: no --checkpoint, evaluating a RANDOMLY initialised model", flush=True)
@@ -260,9 +258,9 @@ def _benchmark_path(name: str) -> str:
 
 def main(argv):
   del argv
-  config = FLAGS.config
-  if config is None:
+  if FLAGS.config is None:
     raise app.UsageError("--config is required, e.g. --config=configs/arith_tool.py")
+  config = roles.from_config(FLAGS.config)  # the top: converted once, typed roles below
   if FLAGS.top_p != 1.0:
     raise app.UsageError("--top_p: only 1.0 is supported (the engine samples the full "
                          "distribution so that its log-probs are the ones DIS needs).")
@@ -328,7 +326,7 @@ def _write(summary: dict, out: str) -> None:
   print(f"results: {out}", flush=True)
 
 
-def _main_protocol(config) -> None:
+def _main_protocol(config: roles.Run) -> None:
   """The paper's evaluation: every benchmark of ``split.PAPER_BENCHMARKS`` (or ``--benchmarks``)
   with its own sample count (16; BeyondAIME 4), temperature 1.0, top-p 1.0, multi-turn with the
   config's environment (the Python tool for ``configs/aime.py``); prints the table."""

@@ -8,7 +8,7 @@ from ml_collections import config_flags
 from sao_jax import host_malloc
 from sao_jax.train import loop
 from sao_jax.train.resume import ResumeError
-from sao_jax.train.validation import ConfigError, validate_config
+from sao_jax.train.validation import ConfigError
 
 config_flags.DEFINE_config_file("config", None, "Path to an ml_collections config file "
                                  "(`path.py` or `path.py:variant`).", lock_config=True)
@@ -24,8 +24,7 @@ def main(argv):
   # (SAO_JAX_KEEP_FREED_MEMORY=0 keeps glibc's defaults: memory then shrinks after a peak)
   if os.environ.get("SAO_JAX_KEEP_FREED_MEMORY", "1") != "0":
     host_malloc.keep_freed_memory()
-  try:  # every bad field in one message, before any model is built
-    validate_config(FLAGS.config)
+  try:  # loop.run validates (every bad field in one message) and converts the config first
     loop.run(FLAGS.config)
   except (ConfigError, ResumeError) as e:
     raise SystemExit(f"{e}") from None  # exit status 1, the message on stderr, no traceback

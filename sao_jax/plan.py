@@ -154,6 +154,12 @@ def slice_devices(sl: Slice) -> list:
                                             **kwargs).devices)
 
 
+def _run(config):
+  """The typed ``roles.Run`` of the plan's ConfigDict (this CLI is a top: it converts)."""
+  from sao_jax import roles  # pylint: disable=import-outside-toplevel
+  return config if isinstance(config, roles.Run) else roles.from_config(config)
+
+
 # ---- model shapes --------------------------------------------------------------------------------
 def model_config(config, model: str = "", layers: int = 0):
   """The policy's ``ModelConfig``: the preset ``model`` (``sao_jax.models.presets``), else the
@@ -164,19 +170,19 @@ def model_config(config, model: str = "", layers: int = 0):
   from sao_jax import pretrained  # pylint: disable=import-outside-toplevel
   from sao_jax.models import hf, presets  # pylint: disable=import-outside-toplevel
   from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel
-  m = config.model
+  m = _run(config).model
   kw = dict(max_seq_len=m.max_seq_len, dtype=m.dtype, param_dtype=m.param_dtype,
-            **pretrained.execution_fields(config))
+            **pretrained.execution_fields(m))
   if model:
     mcfg = presets.get_preset(model, **kw)
-  elif pretrained.source(config) == "hf":
+  elif pretrained.source(m) == "hf":
     mcfg = hf.config_from_hf(hf.read_hf_config(m.checkpoint_dir), **kw)
-  elif pretrained.source(config) == "gguf":
+  elif pretrained.source(m) == "gguf":
     raise ValueError("--model is needed with model.gguf (the plan reads no GGUF file): give a "
                      "preset name from sao_jax/models/presets.py, e.g. --model=smollm2-135m.")
   else:
-    vocab = (pretrained.load_tokenizer(config) or CharTokenizer()).vocab_size
-    mcfg = dataclasses.replace(pretrained.model_config(config, vocab),
+    vocab = (pretrained.load_tokenizer(m) or CharTokenizer()).vocab_size
+    mcfg = dataclasses.replace(pretrained.model_config(m, vocab),
                                param_dtype=kw["param_dtype"])
   if layers:
     mcfg = with_layers(mcfg, layers)
@@ -309,7 +315,7 @@ class _Steps:
 
 def _abstract_steps(config, mcfg, mesh, micro: Optional[int] = None, rows: int = 0,
                     **overrides) -> _Steps:
-  """``Learner`` on ``mesh`` with abstract params of ``mcfg`` (``LearnerConfig`` fields replaced
+  """``Learner`` on ``mesh`` with abstract params of ``mcfg`` (``train`` fields replaced
   by ``overrides``), its steps for ``micro`` micro-batches and ``rows`` rows (default: the
   learner's plan for ``train.batch_size`` rows of ``model.max_seq_len`` tokens) and their
   abstract arguments."""
@@ -318,7 +324,7 @@ def _abstract_steps(config, mcfg, mesh, micro: Optional[int] = None, rows: int =
   from sao_jax.models.transformer import Critic, Transformer
   from sao_jax.train.learner import Learner, LearnerConfig
 
-  cfg = dataclasses.replace(LearnerConfig.from_config(config), **overrides)
+  cfg = LearnerConfig.from_run(_run(config), **overrides)
   pg, pp = abstract_params(Transformer, mcfg)
   cg, cp = abstract_params(Critic, mcfg) if cfg.spec.uses_critic else (None, None)
   learner = Learner(cfg, pg, pp, cg, cp, pad_id=0, vocab_size=mcfg.vocab_size, mesh=mesh)
@@ -351,8 +357,8 @@ def learner_programs(config, mcfg, mesh, keys: Sequence[str] = LEARNER_PROGRAMS,
   ref = learner._ref  # pylint: disable=protected-access
   # with a critic the learner runs the targets and the first critic update as one program
   # (``first_critic``: one critic forward for both), then K - 1 plain critic updates
-  k = learner.cfg.critic_updates_per_step - 1 if learner.uses_critic else 0
-  minis = max(1, learner.cfg.policy_minibatches)
+  k = learner.cfg.train.critic_updates_per_step - 1 if learner.uses_critic else 0
+  minis = max(1, learner.cfg.train.policy_minibatches)
   # what the learner holds on the chips through a whole step, argument of a program or not
   held = sum(chip_bytes(t) for t in (learner.policy, learner.critic, ref, st.batch))
   label = f"{st.micro} micro-batch{'es' if st.micro > 1 else ''}"

@@ -1,9 +1,10 @@
-"""Pretrained models from the config: Hugging Face checkpoint folders and GGUF files.
+"""Pretrained models from the model role (``roles.Model``, ``run.model``): Hugging Face
+checkpoint folders and GGUF files.
 
-``config.model.checkpoint_dir`` holding a ``config.json`` is a Hugging Face checkpoint folder
+``model.checkpoint_dir`` holding a ``config.json`` is a Hugging Face checkpoint folder
 (safetensors + ``tokenizer.json``); without one it is a sao_jax orbax run checkpoint (handled by
-``sao_jax.train.checkpoint``). ``config.model.gguf`` ("" / a ``.gguf`` path / ``"smollm2"``)
-selects a llama.cpp GGUF file instead. The tokenizer then comes from the same source.
+``sao_jax.train.checkpoint``). ``model.gguf`` ("" / a ``.gguf`` path / ``"smollm2"``) selects a
+llama.cpp GGUF file instead. The tokenizer then comes from the same source.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 import os
 from typing import Optional
 
+from sao_jax import roles
 from sao_jax.models.transformer import ModelConfig
 from sao_jax.data.hf_tokenizer import HFTokenizer
 from sao_jax.models import gguf_loader, hf
@@ -36,9 +38,8 @@ def is_run_folder(path: str) -> bool:
   return isinstance(conf, dict) and "train" in conf and "rollout" in conf
 
 
-def source(config) -> str:
-  """"gguf", "hf", "orbax" or "random"."""
-  m = config.model
+def source(m: roles.Model) -> str:
+  """"gguf", "hf", "orbax" or "random": where ``run.model``'s policy comes from."""
   if m.gguf:
     return "gguf"
   if m.checkpoint_dir:
@@ -48,61 +49,58 @@ def source(config) -> str:
   return "random"
 
 
-def load_tokenizer(config):
+def load_tokenizer(m: roles.Model):
   """The checkpoint's ``HFTokenizer`` for "hf"/"gguf" sources, else None."""
-  kind = source(config)
+  kind = source(m)
   if kind == "gguf":
-    return HFTokenizer.from_gguf(config.model.gguf)
+    return HFTokenizer.from_gguf(m.gguf)
   if kind == "hf":
-    return HFTokenizer.from_pretrained(config.model.checkpoint_dir)
+    return HFTokenizer.from_pretrained(m.checkpoint_dir)
   return None
 
 
-def execution_fields(config) -> dict:
+def execution_fields(m: roles.Model) -> dict:
   """The ``ModelConfig`` fields that say how the forward runs, not what it computes, from
-  ``config.model``: ``remat`` and ``scan_layers`` (defaults in ``sao_jax/roles.py``)."""
-  m = config.model
+  ``run.model``: ``remat`` and ``scan_layers``."""
   return dict(remat=m.remat, scan_layers=bool(m.scan_layers))
 
 
-def model_config(config, vocab_size: int):
-  """The ``ModelConfig`` of a randomly initialised policy from ``config.model`` (the shapes a
+def model_config(m: roles.Model, vocab_size: int):
+  """The ``ModelConfig`` of a randomly initialised policy from ``run.model`` (the shapes a
   checkpoint does not give; parameters built in ``model.param_dtype``, computed in
   ``model.dtype``)."""
-  m = config.model
   return ModelConfig(vocab_size=vocab_size, d_model=m.d_model, n_layers=m.n_layers,
                      n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, head_dim=m.head_dim,
                      d_ff=m.d_ff, rope_theta=m.rope_theta, max_seq_len=m.max_seq_len,
                      dtype=m.dtype, param_dtype=m.param_dtype,
-                     **execution_fields(config))
+                     **execution_fields(m))
 
 
-def load_model(config, mesh=None) -> Optional[tuple]:
+def load_model(m: roles.Model, mesh=None) -> Optional[tuple]:
   """``(ModelConfig, params)`` for "hf"/"gguf" sources (shapes from the checkpoint, length and
-  dtypes, remat and scan_layers from ``config.model``), else None.
+  dtypes, remat and scan_layers from ``run.model``), else None.
 
-  ``mesh``: a ``jax.sharding.Mesh`` (the learner's, ``train.setup.make_mesh``) to load into:
+  ``mesh``: a ``jax.sharding.Mesh`` (the learner's, ``build.make_mesh``) to load into:
   every parameter is placed tensor by tensor straight into its sharding there
   (``train.sharding.param_shardings``), each device receiving only its slices, so no device
   holds more than its share of the model. None: one device (the default device)."""
-  kind = source(config)
-  kw = dict(max_seq_len=config.model.max_seq_len, dtype=config.model.dtype,
-            param_dtype=config.model.param_dtype)
+  kind = source(m)
+  kw = dict(max_seq_len=m.max_seq_len, dtype=m.dtype, param_dtype=m.param_dtype)
   shardings = None
   if kind == "gguf":
     if mesh is not None:
-      reader = gguf_loader.GGUFReader(gguf_loader.resolve_gguf_path(config.model.gguf))
+      reader = gguf_loader.GGUFReader(gguf_loader.resolve_gguf_path(m.gguf))
       shardings = _param_shardings(gguf_loader.config_from_gguf(reader, **kw), mesh)
-    loaded = load_gguf(config.model.gguf, shardings=shardings, **kw)
+    loaded = load_gguf(m.gguf, shardings=shardings, **kw)
   elif kind == "hf":
-    path = config.model.checkpoint_dir
+    path = m.checkpoint_dir
     if mesh is not None:
       shardings = _param_shardings(hf.config_from_hf(hf.read_hf_config(path), **kw), mesh)
     loaded = load_hf_checkpoint(path, shardings=shardings, **kw)
   else:
     return None
   mcfg, params = loaded
-  return dataclasses.replace(mcfg, **execution_fields(config)), params
+  return dataclasses.replace(mcfg, **execution_fields(m)), params
 
 
 def _param_shardings(cfg: ModelConfig, mesh):

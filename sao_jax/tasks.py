@@ -45,15 +45,18 @@ class Task:
   batch_metrics: Callable[[list], dict] = lambda trajs: {}
 
 
-def make_task(run) -> Task:
-  """The task ``run.task.name`` names (``roles.Run``; an ml_collections config is converted with
-  ``roles.from_config``), built by its registered builder (``envs/registry.py:TASKS``).
+def make_task(run: roles.Run) -> Task:
+  """The task ``run.task.name`` names, built by its registered builder
+  (``envs/registry.py:TASKS``) with the tokenizer of ``run.model`` (a checkpoint's, else
+  characters).
 
-  Raises ValueError for an unknown task name."""
+  Raises ValueError for an unknown task name, TypeError for anything but a ``roles.Run`` (the
+  top converts a ConfigDict once, with ``roles.from_config``)."""
   if not isinstance(run, roles.Run):
-    run = roles.from_config(run)
+    raise TypeError(f"make_task takes a roles.Run, got {type(run).__name__}; convert a "
+                    "ConfigDict once at the top with sao_jax.roles.from_config")
   build = registry.builder(run.task.name)
-  tok = pretrained.load_tokenizer(run) or CharTokenizer()
+  tok = pretrained.load_tokenizer(run.model) or CharTokenizer()
   return build(run, tok)
 
 

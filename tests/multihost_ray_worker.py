@@ -22,14 +22,13 @@ import ray  # noqa: E402
 from flax import nnx  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
-from sao_jax import pretrained, tasks  # noqa: E402
+from sao_jax import build, pretrained, roles, tasks  # noqa: E402
 from sao_jax.models.transformer import Transformer  # noqa: E402
 from sao_jax.rollout.ledger import PromptLedger  # noqa: E402
 from sao_jax.rollout.ray_local import init_ray  # noqa: E402
 from sao_jax.rollout.ray_source import RaySource  # noqa: E402
 from sao_jax.train import distributed, sharding  # noqa: E402
 from sao_jax.train.learner import Learner, LearnerConfig  # noqa: E402
-from sao_jax.train.setup import critic_from_policy  # noqa: E402
 import sharding_helpers as H  # noqa: E402
 
 STEPS, LOCAL_BATCH = 3, 4
@@ -47,15 +46,15 @@ def config():
   c.train.critic_lr_warmup_steps, c.train.batch_size = 0, 2 * LOCAL_BATCH
   c.rollout.backend, c.rollout.num_workers, c.rollout.ray_num_cpus = "ray", 1, 0.5
   c.rollout.ray_max_outstanding = 4
-  return c
+  return c  # a ConfigDict (the test's top); main converts it to the typed roles
 
 
 def models(c):
   task = tasks.make_task(c)
-  mcfg = pretrained.model_config(c, task.tokenizer.vocab_size)
+  mcfg = pretrained.model_config(c.model, task.tokenizer.vocab_size)
   graphdef, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(0)))
   params = nnx.to_pure_dict(params)
-  return task, mcfg, graphdef, params, critic_from_policy(mcfg, params, 1)
+  return task, mcfg, graphdef, params, build.critic_from_policy(mcfg, params, 1)
 
 
 def main(pid: int, port: int, ray_address: str, out: str) -> None:
@@ -64,9 +63,10 @@ def main(pid: int, port: int, ray_address: str, out: str) -> None:
   assert jax.process_count() == 2 and jax.device_count() == 4
   c = config()
   c.rollout.ray_address = ray_address
+  c = roles.from_config(c)
   init_ray(ray_address, log_to_driver=False)  # the test's cluster, on 127.0.0.1
   task, mcfg, graphdef, params, (cg, cp) = models(c)
-  learner = Learner(LearnerConfig.from_config(c), graphdef, params, cg, cp,
+  learner = Learner(LearnerConfig.from_run(c), graphdef, params, cg, cp,
                     pad_id=task.tokenizer.pad_id, vocab_size=mcfg.vocab_size,
                     mesh=sharding.make_mesh({"data": 2, "fsdp": -1}))
   source = RaySource(c, mcfg, PromptLedger(task.train_problems, c.seed + pid),

@@ -129,7 +129,7 @@ class ScriptedActor:
   """Stands in for ``RolloutActor`` in ``RaySource`` (same methods): rolls out the submitted
   hand-outs with ``scripted_trajectory``, in order; weights are acknowledged, not pulled."""
 
-  def __init__(self, config_dict, model_config, index):  # pylint: disable=unused-argument
+  def __init__(self, run, model_config, index):  # pylint: disable=unused-argument
     import uuid  # pylint: disable=import-outside-toplevel
     self.incarnation, self.version, self.items = uuid.uuid4().hex, -1, []
     self.member = _Members()

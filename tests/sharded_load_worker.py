@@ -4,8 +4,8 @@ starts).
 ``python tests/sharded_load_worker.py DIR OUT.json``: writes a tiny Qwen3-MoE Hugging Face
 checkpoint (float32, several safetensors shards) under DIR, then, as the main job does with
 ``mesh.shape="fsdp=2,tensor=2,expert=2"`` and ``model.param_dtype="bfloat16"``, loads it into
-the learner's mesh (``setup.build_policy(..., mesh=)``) and builds the learner on it
-(``setup.make_learner``). Records the bytes each device holds after every tensor is placed, the
+the learner's mesh (``build.build_policy(..., mesh=)``) and builds the learner on it
+(``build.make_learner``). Records the bytes each device holds after every tensor is placed, the
 values against a one-device load, the shardings, and whether the learner moved any parameter
 through the host.
 """
@@ -23,10 +23,10 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from sao_jax import configs  # noqa: E402
+from sao_jax import build, configs, roles  # noqa: E402
 from sao_jax.models import hf, presets  # noqa: E402
 from sao_jax.models.transformer import Transformer  # noqa: E402
-from sao_jax.train import setup, sharding  # noqa: E402
+from sao_jax.train import sharding  # noqa: E402
 
 MESH = "fsdp=2,tensor=2,expert=2"
 # the Qwen3-MoE preset widened so that the replicated norms are a small part of the bytes
@@ -79,8 +79,9 @@ def main(ckpt, out_path):
   config.model.param_dtype = config.model.dtype = "bfloat16"
   config.model.max_seq_len = 32
   config.mesh.shape = MESH
-  mesh = setup.make_mesh(config)
-  policy = setup.build_policy(config, task=None, mesh=mesh)
+  config = roles.from_config(config)
+  mesh = build.make_mesh(config.mesh)
+  policy = build.build_policy(config, task=None, mesh=mesh)
   load = dict(log)
   total = sharding.total_bytes(policy.params)
   per_device = sharding.bytes_per_device(policy.params)
@@ -96,7 +97,7 @@ def main(ckpt, out_path):
   values_equal = got.keys() == ref.keys() and all(
       got[k].dtype == ref[k].dtype and np.array_equal(got[k], ref[k]) for k in ref)
 
-  _, critic = setup.critic_from_policy(policy.mcfg, policy.params, 1)
+  _, critic = build.critic_from_policy(policy.mcfg, policy.params, 1)
   backbone = flat(critic["backbone"])
   critic_in_place = all(
       backbone[k].sharding == x.sharding and np.array_equal(np.asarray(backbone[k]), ref[k])
@@ -104,7 +105,7 @@ def main(ckpt, out_path):
   del critic, backbone
 
   log["placed"] = 0
-  learner = setup.make_learner(config, policy, pad_id=0, mesh=mesh)
+  learner = build.make_learner(config, policy, pad_id=0, mesh=mesh)
   learner_host_placements = log["placed"]
   master = {k: np.asarray(v) for k, v in flat(learner.policy.params).items()}
   critic_master = {k: np.asarray(v) for k, v in flat(learner.critic.params["backbone"]).items()}

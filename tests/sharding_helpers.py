@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sao_jax import configs
+from sao_jax import configs, roles
 from sao_jax.models import presets
 from sao_jax.models.transformer import Critic, Transformer, default_positions
 from sao_jax.rollout.trajectory import Trajectory
@@ -45,7 +45,7 @@ def learner_config(mode: str = "sao", **train) -> LearnerConfig:
   base = dict(mode=mode, policy_lr=1e-3, critic_lr=1e-3, critic_lr_warmup_steps=0,
               group_size=4, batch_size=ROWS)
   base.update(train)
-  return LearnerConfig.from_config(c, **base)
+  return LearnerConfig.from_run(roles.from_config(c), **base)
 
 
 def flat(tree, prefix: str) -> dict[str, np.ndarray]:

@@ -22,10 +22,10 @@ import os
 import sys
 import time
 
-import ml_collections
 import numpy as np
 import pytest
 
+from sao_jax import roles
 from sao_jax.data.jsonl import Problem
 from sao_jax.rollout.assembler import BatchAssembler
 from sao_jax.rollout.ledger import PromptLedger
@@ -183,7 +183,7 @@ def test_ray_backend_equals_thread_backend(local_ray, monkeypatch, tmp_path):
   backend and the hand-worked table."""
   from sao_jax.rollout import ray_source  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(ray_source, "RolloutActor", F.ScriptedActor)
-  config = ml_collections.ConfigDict({"rollout": {
+  config = roles.from_config({"rollout": {
       "num_workers": 1, "slots": 2, "ray_num_cpus": 0.5, "ray_max_outstanding": 4,
       "queue_size": 8, "weight_sync": "object_store"}})
   ledger = PromptLedger(PROBLEMS, seed=0)

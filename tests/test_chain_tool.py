@@ -165,12 +165,12 @@ def test_sft_demos_replay_through_the_env_to_the_reward_they_claim():
 
 
 def test_make_task_and_config_validate():
-  from sao_jax import configs, tasks  # pylint: disable=import-outside-toplevel
+  from sao_jax import configs, roles, tasks  # pylint: disable=import-outside-toplevel
   from sao_jax.train.validation import validate_config  # pylint: disable=import-outside-toplevel
   for variant in ("", "smoke"):
     c = configs.load("chain_tool", variant)
     validate_config(c, num_devices=1)
-  task = tasks.make_task(c)
+  task = tasks.make_task(roles.from_config(c))
   assert isinstance(task.env, ChainToolEnv) and task.env.max_turns == 7  # 5 calls + answer + 1
   assert len(task.sft_demos) == c.sft.num_demos and len(task.eval_problems) == c.task.n_eval
   assert not {p.prompt for p in task.train_problems} & {p.prompt for p in task.eval_problems}

@@ -7,7 +7,7 @@ import importlib.util
 
 import pytest
 
-from sao_jax import configs, tasks
+from sao_jax import configs, roles, tasks
 from sao_jax.data.hf_tokenizer import HFTokenizer
 from sao_jax.envs import chat_arith
 from sao_jax.envs.chat_math import ChatMathEnv
@@ -68,7 +68,7 @@ def test_grading_of_scripted_responses(env):
 
 @needs_smollm2
 def test_task_from_the_config():
-  c = configs.load("smollm2_arith")
+  c = roles.from_config(configs.load("smollm2_arith"))
   t = tasks.make_task(c)
   assert (len(t.train_problems), len(t.eval_problems)) == (1000, 200)
   assert t.env.system == chat_arith.SYSTEM

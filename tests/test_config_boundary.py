@@ -44,6 +44,87 @@ def test_only_the_top_imports_ml_collections():
   assert importers <= ML_COLLECTIONS_ALLOWED, sorted(importers - ML_COLLECTIONS_ALLOWED)
 
 
+# the top: the modules that receive the user's ConfigDict and convert it once (roles.from_config)
+# or check it before conversion; every other module gets typed roles (sao_jax/roles.py)
+TOP = {"main.py", "eval.py", "plan.py", "train/loop.py", "train/validation.py", "roles.py",
+       "configs.py", "docs_gen.py"}
+# calls that only a ConfigDict answers, or that convert between it and the roles
+CONFIGDICT_CALLS = {"to_dict", "to_json_best_effort", "copy_and_resolve_references", "unlock",
+                    "get_ref", "from_config", "to_config"}
+
+
+def _receiver(node: ast.Attribute) -> tuple[str, list[str]]:
+  """(root name, attribute chain) of ``a.b.c`` in ``a.b.c.f(...)``: ("a", ["b", "c"])."""
+  chain, v = [], node.value
+  while isinstance(v, ast.Attribute):
+    chain.insert(0, v.attr)
+    v = v.value
+  return (v.id if isinstance(v, ast.Name) else ""), chain
+
+
+def test_no_module_below_the_top_reads_a_configdict():
+  """Below the top (``TOP``) no module converts a config (``roles.from_config`` /
+  ``to_config``), calls a ConfigDict-only method (``config.to_dict()``, ...) or reads a config
+  as a mapping (``config.get(...)``, ``config.<section>.get(...)``): they get typed roles.
+  train/distributed.py reads ``distributed`` as a plain mapping (``dataclasses.asdict``)."""
+  hits = []
+  for rel, src in _modules():
+    if rel in TOP:
+      continue
+    for node in ast.walk(ast.parse(src)):
+      if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+        continue
+      root, chain = _receiver(node.func)
+      attr = node.func.attr
+      as_mapping = (attr in ("get", "items", "keys", "values") and root in ("config", "run")
+                    and all(c in roles.SECTIONS for c in chain))
+      if attr in CONFIGDICT_CALLS or as_mapping:
+        hits.append(f"{rel}:{node.lineno}: {ast.unparse(node.func)}(...)")
+  assert not hits, hits
+
+
+def test_loop_run_hands_its_callees_typed_roles(tmp_path, monkeypatch):
+  """``loop.run`` given the user's ConfigDict converts it once: every builder it calls (the
+  task, run folder, mesh, policy, learner, engine, evaluation, source) receives typed roles and
+  no ConfigDict. Stops at the source (nothing is trained)."""
+  from sao_jax import build, tasks  # pylint: disable=import-outside-toplevel
+  from sao_jax.train import loop, resume  # pylint: disable=import-outside-toplevel
+
+  class Stop(Exception):
+    pass
+
+  seen = []
+
+  def spy(name, fn):
+    def wrapped(*args, **kwargs):
+      seen.append((name, list(args) + list(kwargs.values())))
+      return fn(*args, **kwargs)
+    return wrapped
+
+  def stop(*args, **kwargs):
+    raise Stop
+  monkeypatch.setattr(resume, "prepare_run_dir", spy("prepare_run_dir", resume.prepare_run_dir))
+  monkeypatch.setattr(tasks, "make_task", spy("make_task", tasks.make_task))
+  for name in ("make_mesh", "build_policy", "make_learner", "make_engine"):
+    monkeypatch.setattr(build, name, spy(name, getattr(build, name)))
+  monkeypatch.setattr(build, "evaluate", spy("evaluate", lambda *a, **k: {
+      "accuracy": 0.0, "tool_use": 0.0, "n": 0}))
+  monkeypatch.setattr(build, "make_source", spy("make_source", stop))
+  c = configs.load("arith_tool", "smoke")
+  c.run_dir, c.sft.steps, c.log.progress, c.log.tensorboard = str(tmp_path), 0, "off", False
+  with pytest.raises(Stop):
+    loop.run(c)
+  assert {name for name, _ in seen} == {"prepare_run_dir", "make_task", "make_mesh",
+                                       "build_policy", "make_learner", "make_engine",
+                                       "evaluate", "make_source"}
+  for name, args in seen:
+    assert not any(isinstance(a, ml_collections.ConfigDict) for a in args), name
+    typed = [a for a in args if isinstance(a, (roles.Run, roles.Mesh))]
+    assert typed, (name, [type(a).__name__ for a in args])
+  run = next(a for _, args in seen for a in args if isinstance(a, roles.Run))
+  assert run == roles.from_config(c)  # the one conversion, of the whole config
+
+
 def test_no_fallback_defaults_on_config_reads():
   """One place per default: no ``config.x.get("field", default)`` below the top (the typed roles
   carry every field). distributed.initialize takes a plain mapping + environment variables;

@@ -86,13 +86,13 @@ def test_style_task_over_chain_tool_styles_demos_and_grades_eval_without_style()
   """task.style_base=chain_tool: the demos are chain_tool's plus one style character each (all
   three styles present), the training env wraps ChainToolEnv, and the eval env is the base env
   (correctness only, it does not advance the phase counter)."""
-  from sao_jax import configs, tasks  # pylint: disable=import-outside-toplevel
+  from sao_jax import configs, roles, tasks  # pylint: disable=import-outside-toplevel
   c = configs.load("chain_tool")
   c.task.name, c.task.style_base, c.task.n_train, c.sft.num_demos = "style_switch", "chain_tool", 60, 60
-  t = tasks.make_task(c)
+  t = tasks.make_task(roles.from_config(c))
   base = configs.load("chain_tool")
   base.task.n_train, base.sft.num_demos = 60, 60
-  plain = tasks.make_task(base).sft_demos
+  plain = tasks.make_task(roles.from_config(base)).sft_demos
   tok = t.tokenizer
   seen = set()
   for (ids, mask), (pids, pmask) in zip(t.sft_demos, plain):

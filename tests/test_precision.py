@@ -17,9 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from sao_jax import configs, pretrained
+from sao_jax import build, configs, pretrained, roles
 from sao_jax.models.transformer import Transformer
-from sao_jax.train import setup
 from sao_jax.train import sft as sft_lib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -28,11 +27,11 @@ import sharding_helpers as H  # noqa: E402  pylint: disable=wrong-import-positio
 
 def _aime_config():
   """configs/aime.py (bf16 compute and parameters, policy lr 1e-6) with the tiny test model's
-  sequence length and batch."""
+  sequence length and batch, as the typed ``roles.Run``."""
   c = configs.load("aime")
   c.model.max_seq_len = H.LENGTH
   c.train.batch_size = H.ROWS
-  return c
+  return roles.from_config(c)
 
 
 def _changed_fraction(before, after) -> float:
@@ -59,7 +58,7 @@ def test_aime_precision_policy_step_moves_the_float32_master():
   graphdef, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(0)))
   params = nnx.to_pure_dict(params)
   assert _floating_dtypes(params) == {"bfloat16"}
-  learner = setup.make_learner(c, setup.Policy(mcfg, graphdef, params, "random init"), pad_id=0)
+  learner = build.make_learner(c, build.Policy(mcfg, graphdef, params, "random init"), pad_id=0)
   before = jax.device_get(learner.policy.params)
   m = learner.train_step(H.make_trajectories(graphdef, params), 0)
   assert np.isfinite(m["policy_loss"]) and m["policy_grad_norm"] > 0
@@ -81,7 +80,7 @@ def test_aime_precision_policy_step_moves_the_float32_master():
 def test_random_init_honours_param_dtype():
   """A random policy is built in ``model.param_dtype`` (it was always float32)."""
   c = _aime_config()
-  mcfg = pretrained.model_config(c, 64)
+  mcfg = pretrained.model_config(c.model, 64)
   assert (mcfg.dtype, mcfg.param_dtype) == ("bfloat16", "bfloat16")
   params = nnx.to_pure_dict(nnx.split(nnx.eval_shape(
       lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))[1])

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from sao_jax import configs
+from sao_jax import configs, roles
 from sao_jax.rollout.weight_sync import WeightMismatchError, WeightPublisher, WeightPuller
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,9 +125,9 @@ def test_two_actors_sync_survive_sigkill_and_account_every_prompt_once(ray_clust
   from sao_jax.rollout.ray_source import RaySource
   from sao_jax.pretrained import model_config
   from sao_jax.rollout.ledger import PromptLedger
-  config = _config()
+  config = roles.from_config(_config())
   task = tasks.make_task(config)
-  mcfg = model_config(config, task.tokenizer.vocab_size)
+  mcfg = model_config(config.model, task.tokenizer.vocab_size)
   params = nnx.to_pure_dict(nnx.split(Transformer(mcfg, rngs=nnx.Rngs(0)))[1])
   ledger = PromptLedger(task.train_problems, seed=0)
   source = RaySource(config, mcfg, ledger, params, version=0)
@@ -195,8 +195,9 @@ def test_an_actor_built_from_another_model_config_fails_take_at_once(ray_cluster
   from sao_jax.rollout.ledger import PromptLedger
   config = _config()
   config.rollout.num_workers = 1
+  config = roles.from_config(config)
   task = tasks.make_task(config)
-  mcfg = model_config(config, task.tokenizer.vocab_size)
+  mcfg = model_config(config.model, task.tokenizer.vocab_size)
   trainer_cfg = dataclasses.replace(mcfg, d_ff=96)  # the trainer's policy differs
   params = nnx.to_pure_dict(nnx.split(Transformer(trainer_cfg, rngs=nnx.Rngs(0)))[1])
   source = RaySource(config, mcfg, PromptLedger(task.train_problems, seed=0), params)
@@ -236,9 +237,9 @@ def test_two_trainer_processes_with_ray_actors_equal_one_process(ray_cluster, tm
     assert p.returncode == 0, log[-3000:]
   got = [np.load(tmp_path / f"trajs{i}.npz") for i in range(2)]
   np.testing.assert_allclose(got[0]["losses"], got[1]["losses"], atol=0)  # replicated metrics
-  c = W.config()
+  c = roles.from_config(W.config())
   task, mcfg, graphdef, params, (cg, cp) = W.models(c)
-  ref = Learner(LearnerConfig.from_config(c), graphdef, params, cg, cp,
+  ref = Learner(LearnerConfig.from_run(c), graphdef, params, cg, cp,
                 pad_id=task.tokenizer.pad_id, vocab_size=mcfg.vocab_size)
   losses = []
   for step in range(W.STEPS):
@@ -336,9 +337,9 @@ def _plain_actor():
   from sao_jax import tasks
   from sao_jax.pretrained import model_config
   from sao_jax.rollout.ray_actor import RolloutActor
-  config = _config()
-  mcfg = model_config(config, tasks.make_task(config).tokenizer.vocab_size)
-  return RolloutActor(config.to_dict(), mcfg, 0)
+  config = roles.from_config(_config())
+  mcfg = model_config(config.model, tasks.make_task(config).tokenizer.vocab_size)
+  return RolloutActor(config, mcfg, 0)
 
 
 def test_rollout_actor_injects_env_faults_at_the_rate_the_soak_sets(monkeypatch):

@@ -195,15 +195,15 @@ def test_bad_remat_is_refused_naming_the_field():
 
 
 def test_config_fields_reach_the_model_config():
-  from sao_jax import pretrained
+  from sao_jax import pretrained, roles
   spec = importlib.util.spec_from_file_location("cfg_arith2", os.path.join(ROOT, "configs",
                                                                            "arith_tool.py"))
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   c = mod.get_config("")
-  assert pretrained.model_config(c, 32).remat == "none"
+  assert pretrained.model_config(roles.from_config(c).model, 32).remat == "none"
   c.model.remat, c.model.scan_layers = "dots_saveable", True
-  mcfg = pretrained.model_config(c, 32)
+  mcfg = pretrained.model_config(roles.from_config(c).model, 32)
   assert (mcfg.remat, mcfg.scan_layers) == ("dots_saveable", True)
   # how the forward runs is not part of the model's identity (the SFT cache key)
   assert str(mcfg) == str(dataclasses.replace(mcfg, remat="none", scan_layers=False))

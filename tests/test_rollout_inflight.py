@@ -244,17 +244,18 @@ def test_kv_recompute_applies_to_a_slot_waiting_on_its_env():
 
 
 def test_env_workers_auto_follows_the_tool_latency_and_eval_runs_without_it():
-  import ml_collections
   from configs import arith_tool
-  from sao_jax import tasks
+  from sao_jax import roles, tasks
   from sao_jax.rollout.worker import env_workers_for
   c = arith_tool.get_config("smoke")
-  assert env_workers_for(c) == 0  # the default task: inline env.step, as before
+  run = lambda: roles.from_config(c)
+  assert env_workers_for(run()) == 0  # the default task: inline env.step, as before
   c.task.tool_latency_median_s = 0.2
-  assert env_workers_for(c) == c.rollout.slots
+  assert env_workers_for(run()) == c.rollout.slots
   c.rollout.env_workers = 2
-  assert env_workers_for(c) == 2
-  task = tasks.make_task(c)
+  assert env_workers_for(run()) == 2
+  task = tasks.make_task(run())
   assert task.env.tool_latency_median_s == 0.2 and task.env.tool_latency_sigma == 1.0
   assert task.eval_env is not None and task.eval_env.tool_latency_median_s == 0.0
-  assert tasks.make_task(ml_collections.ConfigDict(arith_tool.get_config("smoke"))).eval_env is None
+  smoke = roles.from_config(arith_tool.get_config("smoke"))
+  assert tasks.make_task(smoke).eval_env is None

@@ -69,13 +69,13 @@ def test_cache_key_changes_with_any_part():
 
 
 def test_warm_start_identity_ignores_where_it_is_cached_and_the_prompt_pool():
-  """``setup.sft_key``: the same warm start whatever ``sft.cache_dir`` or ``task.prompt_pool``
+  """``build.sft_key``: the same warm start whatever ``sft.cache_dir`` or ``task.prompt_pool``
   (so every cell of an experiment shares it); another demo set (``task.n_train``) is another."""
-  from sao_jax import configs  # pylint: disable=import-outside-toplevel
-  from sao_jax.train import setup  # pylint: disable=import-outside-toplevel
+  from sao_jax import build, configs, roles  # pylint: disable=import-outside-toplevel
   c = configs.load("chain_tool")
-  base = setup.sft_key(c, "model")
+  key = lambda: build.sft_key(roles.from_config(c), "model")
+  base = key()
   c.sft.cache_dir, c.task.prompt_pool = "elsewhere", 128
-  assert setup.sft_key(c, "model") == base
+  assert key() == base
   c.task.n_train = 100
-  assert setup.sft_key(c, "model") != base
+  assert key() != base

@@ -19,7 +19,8 @@ import jax
 import numpy as np
 from flax import nnx
 
-from sao_jax.train import setup
+from sao_jax import build
+
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sharding_helpers as H  # noqa: E402  pylint: disable=wrong-import-position
@@ -61,7 +62,7 @@ def test_critic_from_policy_copies_the_backbone_and_zeroes_the_head():
   """The critic built from abstract shapes: backbone = a copy of the policy (new arrays, same
   values), value head zeros, and the graphdef merges into a working ``Critic``."""
   _, pp, _, _ = H.make_models()
-  graphdef, params = setup.critic_from_policy(H.DENSE, pp, 1)
+  graphdef, params = build.critic_from_policy(H.DENSE, pp, 1)
   assert H.max_abs_diff(params["backbone"], pp) == 0.0
   assert all(a is not b for a, b in zip(jax.tree.leaves(params["backbone"]), jax.tree.leaves(pp)))
   assert all(np.all(np.asarray(x) == 0) for x in jax.tree.leaves(params["value_head"]))

@@ -19,6 +19,7 @@ Subprocesses (``--xla_force_host_platform_device_count=8``), two at once:
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import re
@@ -145,7 +146,7 @@ def test_gradient_accumulation_in_the_learner_matches_one_pass():
   out = {}
   for budget in (0, 128):
     cfg = H.learner_config("sao", adam_eps=1e-5)
-    cfg = type(cfg)(**{**cfg.__dict__, "tokens_per_device": budget})
+    cfg = dataclasses.replace(cfg, tokens_per_device=budget)
     lr = Learner(cfg, pg, pp, cg, cp, pad_id=0, vocab_size=64)
     batch, micro = lr.batch(trajs)
     out[budget] = (micro, batch.rows, lr.step(batch, 0), lr)

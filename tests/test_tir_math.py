@@ -270,7 +270,7 @@ def test_bad_arguments_name_the_field():
 # ---- the task and the main job ------------------------------------------------------------------
 def test_aime_config_builds_the_tool_task_on_the_train_mix():
   import importlib.util
-  from sao_jax import tasks
+  from sao_jax import roles, tasks
   from sao_jax.data import split
   spec = importlib.util.spec_from_file_location("aime_cfg", os.path.join(ROOT, "configs", "aime.py"))
   mod = importlib.util.module_from_spec(spec)
@@ -278,7 +278,7 @@ def test_aime_config_builds_the_tool_task_on_the_train_mix():
   c = mod.get_config("")
   assert c.task.name == "tir_math" and c.task.max_turns == 50
   assert c.rollout.temperature == 1.0 and c.rollout.env_workers == c.rollout.slots
-  task = tasks.make_task(mod.get_config("smoke"))
+  task = tasks.make_task(roles.from_config(mod.get_config("smoke")))
   assert isinstance(task.env, TirMathEnv) and task.stop_strings == ("```output",)
   assert len(task.train_problems) == 8073 and [p.id for p in task.eval_problems] == [
       "aime-2025-I-01", "aime-2025-I-02", "aime-2025-I-03", "aime-2025-I-04"]

@@ -93,7 +93,7 @@ class ModelConfig:
   router_aux_loss_coef: float = 0.0
   moe_impl: str = "routed"
   # how the training forward runs, not what it computes: left out of repr, which serves as the
-  # model's identity (the SFT warm-start cache key, train/setup.py:sft_key)
+  # model's identity (the SFT warm-start cache key, build.py:sft_key)
   remat: str = dataclasses.field(default="none", repr=False)
   scan_layers: bool = dataclasses.field(default=False, repr=False)
 

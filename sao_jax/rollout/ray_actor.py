@@ -20,7 +20,6 @@ from sao_jax.rollout.trajectory import Trajectory
 from flax import nnx
 from sao_jax import build, roles, tasks
 from sao_jax.models.transformer import Transformer
-from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.worker import RolloutWorker
 
@@ -29,8 +28,8 @@ class RolloutActor:
   """One rollout process (wrapped by ``ray.remote`` in ``RaySource``; a plain class here).
 
   Args:
-    config_dict: the run as a dict (``dataclasses.asdict(roles.Run)``), converted back with
-      ``roles.from_config`` (task, rollout, model, seed fields are read).
+    run: the run's typed ``roles.Run`` (task, rollout, model, seed fields are read; the
+      objects are built by ``sao_jax/build.py``, as in the trainer's process).
     model_config: the trainer's ``ModelConfig`` (the policy structure; weights come by sync).
     index: this actor's index in the source (seeds its sampling: ``config.seed + index``).
 
@@ -39,9 +38,10 @@ class RolloutActor:
     ``stop()``.
   """
 
-  def __init__(self, config_dict: dict, model_config, index: int):
-    # heavy imports here: the module is imported by the driver before Ray starts the actor
-    config = roles.from_config(config_dict)  # the typed roles: one default per field
+  def __init__(self, run: roles.Run, model_config, index: int):
+    if not isinstance(run, roles.Run):
+      raise TypeError(f"RolloutActor takes a roles.Run, got {type(run).__name__}")
+    config = run
     self.index = int(index)
     self.incarnation = uuid.uuid4().hex
     self.config = config
@@ -50,10 +50,9 @@ class RolloutActor:
                                                                       rngs=nnx.Rngs(0))))
     self.expected = nnx.to_pure_dict(abstract)  # ShapeDtypeStruct leaves: the received tree
     seed = int(config.seed) + self.index
-    self.engine = SAOEngine(model_config, graphdef, self.task.tokenizer,
-                            max_concurrent_decodes=config.rollout.slots,
-                            max_prefill_length=config.rollout.max_prefill_length,
-                            temperature=config.rollout.temperature, seed=seed)
+    self.engine = build.make_engine(config, model_config, graphdef, self.task.tokenizer,
+                                    slots=config.rollout.slots,
+                                    temperature=config.rollout.temperature, seed=seed)
     self.env, self.env_workers = build.rollout_env(config, self.task.env, seed)
     self.seed = seed
     self.puller = weight_sync.WeightPuller()

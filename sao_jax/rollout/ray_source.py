@@ -7,8 +7,8 @@ Shape (DESIGN.md "Beyond one machine"): Ray starts and supervises N ``RolloutAct
 driver keeps the prompt ledger, so accounting stays exactly-once across actor deaths.
 
 Each actor builds the trainer's policy *structure* (``nnx.eval_shape`` of the same
-``Transformer(model_config)``: no random init), the task (``tasks.make_task`` from the config
-dict), the env (``GuardedEnv``) and an ``SAOEngine``, and runs today's ``RolloutWorker``
+``Transformer(model_config)``: no random init), the task (``tasks.make_task`` from the typed
+run), the env and the ``SAOEngine`` (``sao_jax/build.py``), and runs today's ``RolloutWorker``
 (continuous batching, multi-turn env, per-token ``logprobs`` and ``policy_version``) on a thread.
 It admits nothing before its first weights arrive, so a (re)started actor always serves the
 newest version the driver published.
@@ -80,7 +80,7 @@ class RaySource:
   """``TrajectorySource`` over ``rollout.num_workers`` Ray rollout actors.
 
   Args:
-    config: the run's ``roles.Run`` (a ConfigDict is converted with ``roles.from_config``). Read:
+    config: the run's typed ``roles.Run`` (TypeError for anything else). Read:
       ``rollout.num_workers``,
       ``rollout.ray_address`` ("" = start a local Ray listening on 127.0.0.1 only, else join
       it), ``rollout.ray_num_cpus``, ``rollout.ray_num_gpus``, ``rollout.ray_resources`` (dict,
@@ -111,7 +111,9 @@ class RaySource:
         staleness_policy=staleness_policy, max_staleness=max_staleness, run_dir=run_dir)
     self.admission = self.assembler.admission
     self._t_last = (0, time.time())
-    run = config if isinstance(config, roles.Run) else roles.from_config(config)
+    if not isinstance(config, roles.Run):
+      raise TypeError(f"RaySource takes a roles.Run, got {type(config).__name__}")
+    run = config
     r = run.rollout  # typed: one default per field (sao_jax/roles.py)
     n = r.num_workers
     if n < 1:
@@ -141,8 +143,7 @@ class RaySource:
         num_gpus=float(r.ray_num_gpus), resources=resources or None,
         max_restarts=int(r.ray_max_restarts), max_task_retries=0,
         max_concurrency=1)
-    cfg_dict = dataclasses.asdict(run)
-    self.actors = [_Actor(cls.remote(cfg_dict, model_config, i), i) for i in range(n)]
+    self.actors = [_Actor(cls.remote(run, model_config, i), i) for i in range(n)]
 
   # ---- TrajectorySource -----------------------------------------------------------------------
   def publish(self, params, version: int) -> None:

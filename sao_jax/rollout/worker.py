@@ -508,9 +508,9 @@ class RolloutWorker:
 
 
 def env_workers_for(config) -> int:
-  """``config``: a ``roles.Run`` (or a config with every field). Resolves ``rollout.env_workers``: N >= 0 as given; -1 (auto) = ``rollout.slots`` when
-  the task's tool is slow (``task.tool_latency_median_s`` > 0, or the sandboxed Python of
-  ``tir_math``), else 0 (inline)."""
+  """``config``: the run's ``roles.Run``. Resolves ``rollout.env_workers``: N >= 0 as given;
+  -1 (auto) = ``rollout.slots`` when the task's tool is slow (``task.tool_latency_median_s`` >
+  0, or the sandboxed Python of ``tir_math``), else 0 (inline)."""
   n = int(config.rollout.env_workers)
   if n >= 0:
     return n

@@ -33,7 +33,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from sao_jax import algo
+from sao_jax import algo, roles
 from sao_jax.rollout.trajectory import Trajectory
 from sao_jax.train import modes, optim, sharding, steps
 from sao_jax.train.baselines import RunningMeanBaseline
@@ -41,90 +41,63 @@ from sao_jax.train.batch import Batch, build_batch, require_trajectories
 from sao_jax.train.distributed import microbatch_plan, process_rows
 
 
+GRPO_EPS = 1e-6  # the GRPO estimator's std floor (not a config field)
+
+
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-  """Everything the learner reads, filled from the config file by ``from_config`` (the config
-  file is the one home of every default; ``configs/arith_tool.py`` documents each field).
+  """What the learner reads: the ``train`` role (``roles.Train``: every field's default, range
+  and doc live there) and four fields of other roles, filled by ``from_run``. Derived once at
+  construction from ``train`` (not settable): ``spec``, the resolved ``modes.ModeSpec``
+  (objective, estimator, group size, critic); ``objective_kwargs``, the objective's knobs it
+  accepts; ``lam_policy`` ('adaptive' or a float); ``critic_frozen_patterns`` (() when
+  ``train.freeze_critic_attention`` is off); ``value_bounds`` (floats).
 
-  ``spec`` is the resolved ``modes.ModeSpec`` (objective, estimator, group size, critic)."""
-  spec: modes.ModeSpec
-  eps_low: float
-  eps_high: float
-  ppo_eps_low: float
-  ppo_eps_high: float
-  objective_kwargs: dict
-  gamma: float
-  lam_policy: Any
-  lam_alpha: float
-  lam_critic: float
-  bootstrap_truncated: bool
-  grpo_eps: float
-  baseline_window: int
-  global_baseline_window: int
-  critic_updates_per_step: int
-  policy_minibatches: int
-  policy_lr: float
-  critic_lr: float
-  critic_lr_warmup_steps: int
-  max_grad_norm: float
-  adam_eps: float
-  critic_frozen_patterns: tuple
-  value_clip_eps: float
-  critic_b1: float
-  value_bounds: tuple
-  center_advantages: bool
-  temperature: float
-  batch_length: int
-  tokens_per_device: int
-  serving_dtype: str = "float32"
-  logprob_chunk: int = steps.LOGPROB_CHUNK
+  Raises ValueError (naming the field) on a bad mode, objective or estimator."""
+  train: roles.Train
+  temperature: float      # rollout.temperature: the engine's sampling temperature
+  batch_length: int       # model.max_seq_len: a batch's padded length (bucketed above it)
+  tokens_per_device: int  # mesh.tokens_per_device: the micro-batch budget (0 = one pass)
+  serving_dtype: str      # model.param_dtype: the dtype ``policy_params`` publishes
+  spec: modes.ModeSpec = dataclasses.field(init=False)
+  objective_kwargs: dict = dataclasses.field(init=False)
+  lam_policy: Any = dataclasses.field(init=False)
+  critic_frozen_patterns: tuple = dataclasses.field(init=False)
+  value_bounds: tuple = dataclasses.field(init=False)
+
+  def __post_init__(self):
+    t = self.train
+    spec = modes.resolve(t.mode, t.objective, t.advantage_estimator, t.group_size, t.batch_size)
+    knobs = dict(aggregation=t.aggregation, entropy_coef=t.entropy_coef, kl_coef=t.kl_coef,
+                 dual_clip=t.dual_clip or None, tis_cap=t.tis_cap, icepop_low=t.icepop_low,
+                 icepop_high=t.icepop_high, norm_constant=t.loss_norm_constant or None)
+    accepted = inspect.signature(algo.get_objective(spec.objective)).parameters
+    derived = dict(
+        spec=spec, objective_kwargs={k: v for k, v in knobs.items() if k in accepted},
+        lam_policy=t.lam_policy if t.lam_policy == "adaptive" else float(t.lam_policy),
+        critic_frozen_patterns=(tuple(t.critic_frozen_patterns)
+                                if t.freeze_critic_attention else ()),
+        value_bounds=tuple(float(v) for v in t.value_bounds))
+    for k, v in derived.items():
+      object.__setattr__(self, k, v)
 
   @classmethod
-  def from_config(cls, config, **overrides) -> "LearnerConfig":
-    """From a full config (``config.train``, ``config.rollout.temperature``,
-    ``config.model.max_seq_len``, ``config.mesh.tokens_per_device``, ``config.model.param_dtype``
-    as ``serving_dtype``: the dtype ``policy_params`` publishes); ``overrides`` replace
-    fields of ``config.train`` by name. Raises ValueError (naming the field) on a bad mode,
-    objective or estimator."""
-    t = dict(config.train.to_dict() if hasattr(config.train, "to_dict") else config.train)
-    t.update(overrides)
-    spec = modes.resolve(t["mode"], t["objective"], t["advantage_estimator"], t["group_size"],
-                         t["batch_size"])
-    knobs = dict(aggregation=t["aggregation"], entropy_coef=t["entropy_coef"],
-                 kl_coef=t["kl_coef"], dual_clip=t["dual_clip"] or None, tis_cap=t["tis_cap"],
-                 icepop_low=t["icepop_low"], icepop_high=t["icepop_high"],
-                 norm_constant=t["loss_norm_constant"] or None)
-    accepted = inspect.signature(algo.get_objective(spec.objective)).parameters
-    return cls(
-        spec=spec, eps_low=t["eps_low"], eps_high=t["eps_high"], ppo_eps_low=t["ppo_eps_low"],
-        ppo_eps_high=t["ppo_eps_high"],
-        objective_kwargs={k: v for k, v in knobs.items() if k in accepted},
-        gamma=t["gamma"],
-        lam_policy=t["lam_policy"] if t["lam_policy"] == "adaptive" else float(t["lam_policy"]),
-        lam_alpha=t["lam_alpha"],
-        lam_critic=t["lam_critic"], bootstrap_truncated=t["bootstrap_truncated"],
-        grpo_eps=1e-6, baseline_window=t["baseline_window"],
-        global_baseline_window=t["global_baseline_window"],
-        critic_updates_per_step=t["critic_updates_per_step"],
-        policy_minibatches=int(t["policy_minibatches"]), policy_lr=t["policy_lr"],
-        critic_lr=t["critic_lr"], critic_lr_warmup_steps=t["critic_lr_warmup_steps"],
-        max_grad_norm=t["max_grad_norm"], adam_eps=t["adam_eps"],
-        critic_frozen_patterns=(tuple(t["critic_frozen_patterns"])
-                                if t["freeze_critic_attention"] else ()),
-        value_clip_eps=t["value_clip_eps"], critic_b1=t["critic_b1"],
-        value_bounds=tuple(float(v) for v in t["value_bounds"]),
-        center_advantages=t["center_advantages"], temperature=config.rollout.temperature,
-        batch_length=config.model.max_seq_len,
-        tokens_per_device=int(config.mesh.tokens_per_device),
-        serving_dtype=config.model.param_dtype,
-        logprob_chunk=int(t["logprob_chunk"]))
+  def from_run(cls, run: roles.Run, **train) -> "LearnerConfig":
+    """From the typed run: ``run.train``, ``rollout.temperature``, ``model.max_seq_len``,
+    ``mesh.tokens_per_device`` and ``model.param_dtype``; ``train`` replaces fields of
+    ``run.train`` by name (TypeError for a name it does not have)."""
+    return cls(train=dataclasses.replace(run.train, **train),
+               temperature=run.rollout.temperature, batch_length=run.model.max_seq_len,
+               tokens_per_device=run.mesh.tokens_per_device,
+               serving_dtype=run.model.param_dtype)
 
   @property
   def band(self) -> tuple[float, float]:
     """(eps_low, eps_high) of the objective: the DIS band for dis, the clip band otherwise."""
+    t = self.train
     if self.spec.objective == "dis":
-      return self.eps_low, self.eps_high
-    return self.ppo_eps_low, self.ppo_eps_high
+      return t.eps_low, t.eps_high
+    return t.ppo_eps_low, t.ppo_eps_high
 
 
 BUCKET_ABOVE = 512  # model.max_seq_len above which batches are padded to a length bucket
@@ -191,19 +164,19 @@ class Learner:
     self._baseline, self.baseline_nonempty_fraction = None, 0.0
     if est.baseline_window:
       self._baseline = RunningMeanBaseline(
-          cfg.baseline_window if est.baseline_window == "prompt" else cfg.global_baseline_window,
+          cfg.train.baseline_window if est.baseline_window == "prompt" else cfg.train.global_baseline_window,
           per_key=est.baseline_window == "prompt")
-    self.policy_tx = optim.make_optimizer(policy_params, lr=cfg.policy_lr,
-                                          max_grad_norm=cfg.max_grad_norm, eps=cfg.adam_eps)
+    self.policy_tx = optim.make_optimizer(policy_params, lr=cfg.train.policy_lr,
+                                          max_grad_norm=cfg.train.max_grad_norm, eps=cfg.train.adam_eps)
     self.policy_sh = sharding.make_step_shardings(self.mesh, policy_params, self.policy_tx)
     self.policy = self._init_state(policy_params, self.policy_tx, self.policy_sh)
     self.critic = self.critic_tx = self.critic_sh = None
     if self.uses_critic:
       # the critic's lr warm-up is counted in policy steps (K optimizer updates per step)
       self.critic_tx = optim.make_optimizer(
-          critic_params, lr=cfg.critic_lr, max_grad_norm=cfg.max_grad_norm, eps=cfg.adam_eps,
-          b1=cfg.critic_b1,
-          warmup_steps=cfg.critic_lr_warmup_steps * cfg.critic_updates_per_step,
+          critic_params, lr=cfg.train.critic_lr, max_grad_norm=cfg.train.max_grad_norm, eps=cfg.train.adam_eps,
+          b1=cfg.train.critic_b1,
+          warmup_steps=cfg.train.critic_lr_warmup_steps * cfg.train.critic_updates_per_step,
           frozen_patterns=cfg.critic_frozen_patterns)
       self.critic_sh = sharding.make_step_shardings(self.mesh, critic_params, self.critic_tx)
       self.critic = self._init_state(critic_params, self.critic_tx, self.critic_sh)
@@ -246,11 +219,11 @@ class Learner:
     cfg, (pg, cg) = self.cfg, self._graphdefs
     rep = NamedSharding(self.mesh, P())
     rows = self.batch_sharding
-    target_kwargs = dict(estimator=self.spec.estimator, gamma=cfg.gamma,
-                         lam_policy=cfg.lam_policy, lam_alpha=cfg.lam_alpha,
-                         lam_critic=cfg.lam_critic, bootstrap_truncated=cfg.bootstrap_truncated,
-                         grpo_eps=cfg.grpo_eps, value_bounds=cfg.value_bounds,
-                         center_advantages=cfg.center_advantages)
+    target_kwargs = dict(estimator=self.spec.estimator, gamma=cfg.train.gamma,
+                         lam_policy=cfg.lam_policy, lam_alpha=cfg.train.lam_alpha,
+                         lam_critic=cfg.train.lam_critic, bootstrap_truncated=cfg.train.bootstrap_truncated,
+                         grpo_eps=GRPO_EPS, value_bounds=cfg.value_bounds,
+                         center_advantages=cfg.train.center_advantages)
     targets = jax.jit(
         functools.partial(steps.advantage_targets, cg, **target_kwargs,
                           constrain=self._constrain),
@@ -258,7 +231,7 @@ class Learner:
         out_shardings=rows)
     critic = first = None
     if self.uses_critic:
-      critic_kwargs = dict(value_clip_eps=cfg.value_clip_eps, microbatches=microbatches,
+      critic_kwargs = dict(value_clip_eps=cfg.train.value_clip_eps, microbatches=microbatches,
                            constrain=self._constrain,
                            frozen_patterns=cfg.critic_frozen_patterns)
       critic = jax.jit(
@@ -281,8 +254,8 @@ class Learner:
     policy = jax.jit(
         functools.partial(steps.policy_update, pg, self.policy_tx, objective=self.spec.objective,
                           objective_kwargs=kwargs, temperature=cfg.temperature,
-                          microbatches=microbatches, minibatches=cfg.policy_minibatches,
-                          constrain=self._constrain, logprob_chunk=cfg.logprob_chunk,
+                          microbatches=microbatches, minibatches=cfg.train.policy_minibatches,
+                          constrain=self._constrain, logprob_chunk=cfg.train.logprob_chunk,
                           row_shards=self._shards),
         in_shardings=(self.policy_sh.state, rows, rows,
                       self.policy_sh.params if self._ref is not None else None),
@@ -365,10 +338,10 @@ class Learner:
     """(targets, metrics of the last critic update): K critic updates on targets from the
     critic before them (no updates, {} metrics, without a critic)."""
     targets_fn, critic_fn, _, _, first_fn = self.jitted_steps(microbatches)
-    if not self.uses_critic or self.cfg.critic_updates_per_step < 1:
+    if not self.uses_critic or self.cfg.train.critic_updates_per_step < 1:
       return targets_fn(self.critic.params if self.uses_critic else None, batch), {}
     self.critic, out, targets = first_fn(self.critic, batch)
-    for _ in range(self.cfg.critic_updates_per_step - 1):
+    for _ in range(self.cfg.train.critic_updates_per_step - 1):
       self.critic, out = critic_fn(self.critic, batch, targets)
     return targets, out
 

@@ -3,12 +3,14 @@
 Nothing waits for a batch's slowest rollout: the source hands over ``batch_size`` trajectories
 as soon as they have landed (whole groups in the grpo modes; ``grpo_sync`` adds the barrier),
 the learner runs one policy step of the configured mode on any mesh, and the new weights go
-back to the rollout side as ``policy_version`` + 1. What is built from the config is in
-``train/setup.py``; the end-of-run table in ``train/report.py``.
+back to the rollout side as ``policy_version`` + 1. ``run`` converts the config once, at its
+top, into the typed roles (``sao_jax/roles.py``); what is built from them is in
+``sao_jax/build.py`` (the composition root); the end-of-run table in ``train/report.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -17,10 +19,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from sao_jax import faults, tasks
+from sao_jax import build, faults, roles, tasks
 from sao_jax.train.validation import config_warnings, validate_config
 from sao_jax.rollout.ledger import PromptLedger
-from sao_jax.train import distributed, report, setup
+from sao_jax.train import distributed, report
 from sao_jax.train import resume as resume_lib
 from sao_jax.train.checkpoint import Checkpointer
 from sao_jax.train.metrics import make_metric_writer
@@ -41,27 +43,34 @@ def _trajectory_metrics(trajs) -> dict[str, float]:
 
 
 def run(config) -> dict[str, Any]:
-  """Runs the whole job described by ``config``; returns the summary (also in results.csv)."""
+  """Runs the whole job described by ``config`` (the user's ml_collections ConfigDict, or a
+  ``roles.Run``); returns the summary (also in results.csv).
+
+  The top of the job: ``config`` is validated (every bad field in one ``ConfigError``, before
+  anything is built) and converted once into the typed roles; everything below gets those."""
   t_job = time.time()
-  validate_config(config)  # every bad field in one error, before anything is built
-  distributed.initialize(config.distributed)  # no-op without a coordinator address
-  for line in config_warnings(config) if distributed.is_main_process() else ():
+  user = roles.to_config(config) if isinstance(config, roles.Run) else config
+  validate_config(user)
+  warnings = config_warnings(user)
+  config = roles.from_config(user)  # the one conversion: below here only typed roles
+  distributed.initialize(dataclasses.asdict(config.distributed))  # no-op without an address
+  for line in warnings if distributed.is_main_process() else ():
     print(line, file=sys.stderr, flush=True)
   run_dir, tcfg = config.run_dir, config.train
   resume_step, ckpt_dir = resume_lib.prepare_run_dir(config)
   task = tasks.make_task(config)
-  mesh = setup.make_mesh(config)  # the learner's; a checkpoint loads straight into it
-  policy = setup.build_policy(config, task, warm_start=resume_step is None, mesh=mesh)
+  mesh = build.make_mesh(config.mesh)  # the learner's; a checkpoint loads straight into it
+  policy = build.build_policy(config, task, warm_start=resume_step is None, mesh=mesh)
   print(f"task {config.task.name}: {len(task.train_problems)} train / {len(task.eval_problems)} "
         f"eval problems; model {policy.mcfg}", flush=True)
   if resume_step is None:
     print(f"policy loaded from {policy.source}" if policy.loaded else f"policy: {policy.source}",
           flush=True)
-  learner = setup.make_learner(config, policy, task.tokenizer.pad_id, mesh=mesh)
+  learner = build.make_learner(config, policy, task.tokenizer.pad_id, mesh=mesh)
   policy.params = None  # the learner holds its own (float32 master) copy
-  eval_engine = setup.make_engine(config, policy, task.tokenizer, slots=config.eval.slots,
-                                  temperature=0.0)
-  evaluate = lambda params, problems, version: setup.evaluate(eval_engine, task, params,
+  eval_engine = build.make_engine(config, policy.mcfg, policy.graphdef, task.tokenizer,
+                                  slots=config.eval.slots, temperature=0.0)
+  evaluate = lambda params, problems, version: build.evaluate(eval_engine, task, params,
                                                               problems, config, version)
   ckpt = (Checkpointer(ckpt_dir, max_to_keep=config.checkpoint.max_to_keep)
           if config.checkpoint.every_steps or resume_step is not None else None)
@@ -94,14 +103,14 @@ def run(config) -> dict[str, Any]:
         "step": step, "policy_version": version, "seed": config.seed, "ledger": source.state(),
         "nonfinite_total": guard.total, "before": before})
 
-  source = setup.make_source(config, task, policy, learner.policy_params(), version, ledger,
+  source = build.make_source(config, task, policy, learner.policy_params(), version, ledger,
                              learner.spec, start_step=start_step, run_dir=run_dir)
   local_batch = tcfg.batch_size // jax.process_count()
   progress = Progress(tcfg.num_steps, desc=f"{tcfg.mode} steps", mode=config.log.progress)
   logger = make_metric_writer(
       run_dir, console_keys=CONSOLE_KEYS, tensorboard=config.log.tensorboard,
       stream=progress.stream, wandb_project=config.log.wandb_project or None,
-      wandb_config=config.to_dict())
+      wandb_config=dataclasses.asdict(config))
   history = []
   warmup_steps = tcfg.critic_warmup_steps if learner.uses_critic else 0  # none without a critic
   try:

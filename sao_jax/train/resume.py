@@ -14,11 +14,13 @@ RNG: every key is derived from ``config.seed`` and the step (``lockstep``) or th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 from typing import Optional
 
+from sao_jax import roles
 from sao_jax.train.checkpoint import Checkpointer
 from sao_jax.train.metrics import require_wandb
 
@@ -122,7 +124,7 @@ def check_resume_config(run_dir: str, config_json: str, resume_step: Optional[in
   """Refuses to resume ``run_dir`` (whose latest complete checkpoint is ``resume_step``) with a
   config that trains something else.
 
-  ``config_json``: the new resolved config as JSON (``ConfigDict.to_json_best_effort()``);
+  ``config_json``: the new resolved config as JSON (``dataclasses.asdict`` of the ``roles.Run``);
   it is compared with ``run_dir/config.json`` written by the run that made the checkpoint.
   Only the fields in ``RESUMABLE_CHANGES`` may differ. Raises ValueError naming every other
   changed field (old and new value) and the fix; and when ``num_steps < resume_step`` (the
@@ -153,7 +155,7 @@ def check_resume_config(run_dir: str, config_json: str, resume_step: Optional[in
                      f"{fix}.")
 
 
-def prepare_run_dir(config) -> tuple[Optional[int], str]:
+def prepare_run_dir(config: roles.Run) -> tuple[Optional[int], str]:
   """Creates ``run_dir``; finds the checkpoint to resume from (``checkpoint.resume``), refuses
   a run folder made with another config (``check_resume_config``), writes the resolved
   ``config.json`` and drops metric / ledger records of steps after the checkpoint (all of them
@@ -165,7 +167,7 @@ def prepare_run_dir(config) -> tuple[Optional[int], str]:
   try:  # validation checked the folder; this catches what it cannot see (a full disk, a race)
     os.makedirs(run_dir, exist_ok=True)
     resume_step = resume_point(ckpt_dir) if config.checkpoint.resume else None
-    config_json = config.to_json_best_effort(indent=2)  # the resolved config, overrides included
+    config_json = json.dumps(dataclasses.asdict(config), indent=2)  # every field, resolved
     check_resume_config(run_dir, config_json, resume_step, config.train.num_steps)
     with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
       f.write(config_json)

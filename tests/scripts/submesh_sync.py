@@ -9,13 +9,14 @@ import time
 import jax
 from flax import nnx
 
+from sao_jax.build import critic_from_policy
 from sao_jax.models.transformer import ModelConfig, Transformer
 from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.placement import ReshardingWeightStore, replicated, split_devices
 from sao_jax.rollout.sync import TrajectoryQueue
+from sao_jax.roles import from_config
 from sao_jax.rollout.worker import RolloutWorker
 from sao_jax.train.learner import Learner, LearnerConfig
-from sao_jax.train.setup import critic_from_policy
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import sharding_helpers  # noqa: E402  (tests/: the reference config)
@@ -61,7 +62,7 @@ def main():
   config = sharding_helpers.arith_config()
   config.model.max_seq_len = 48
   config.train.policy_lr = config.train.critic_lr = 1e-3
-  trainer = Learner(LearnerConfig.from_config(config), graphdef, params, cg, cp, pad_id=0,
+  trainer = Learner(LearnerConfig.from_run(from_config(config)), graphdef, params, cg, cp, pad_id=0,
                     mesh=train_mesh)
   store = ReshardingWeightStore(trainer.policy_params(), 0, replicated(engine_mesh))
   engine = SAOEngine(CFG, graphdef, Tok(), max_concurrent_decodes=8, max_prefill_length=16,
