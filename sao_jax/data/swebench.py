@@ -191,7 +191,10 @@ def load_instances(path: str | os.PathLike) -> list[Instance]:
       if not isinstance(tests, dict) or not all(isinstance(v, str) for v in tests.values()):
         raise ValueError(f"{where}: 'test_files' must map paths to text")
       if row.get("test_patch"):
-        patched = apply_patch({**files, **tests}, row["test_patch"])
+        try:
+          patched = apply_patch({**files, **tests}, row["test_patch"])
+        except ValueError as e:
+          raise ValueError(f"{where}: test_patch: {e}") from None
         tests = {**tests, **{p: t for p, t in patched.items() if files.get(p) != t}}
       try:
         out.append(Instance(
