@@ -220,6 +220,9 @@ class RolloutWorker:
     position = -1
     if isinstance(problem, Handout):  # from the prompt ledger: the position travels along
       problem, position = problem.problem, problem.position
+    begin = getattr(self.env, "begin_episode", None)
+    if begin is not None:  # an env with per-episode state (envs/workspace.py): its own handle
+      problem = begin(problem)
     prompt = list(self.env.prompt_ids(problem))
     if len(prompt) >= self.max_seq_len:
       raise ValueError(f"prompt of {len(prompt)} tokens for problem {getattr(problem, 'id', '?')} "
@@ -394,6 +397,9 @@ class RolloutWorker:
   def _finish(self, i: int, reward: float, truncated: bool, info: dict) -> None:
     s = self.slots[i]
     self.slots[i] = None
+    end = getattr(self.env, "end_episode", None)
+    if end is not None:  # frees the episode's state (a workspace folder)
+      end(s.problem)
     info = dict(info, tool_calls=s.tool_calls)  # summed over the episode's turns
     traj = Trajectory(
         problem_id=str(getattr(s.problem, "id", "")),
