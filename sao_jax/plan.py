@@ -170,7 +170,7 @@ def model_config(config, model: str = "", layers: int = 0):
   if model:
     mcfg = presets.get_preset(model, **kw)
   elif pretrained.source(config) == "hf":
-    mcfg = hf.config_from_hf(hf.read_hf_config(m.checkpoint_dir), **kw)
+    mcfg = hf.config_from_hf(hf.read_hf_config(pretrained.checkpoint_dir(config)), **kw)
   elif pretrained.source(config) == "gguf":
     raise ValueError("--model is needed with model.gguf (the plan reads no GGUF file): give a "
                      "preset name from sao_jax/models/presets.py, e.g. --model=smollm2-135m.")
