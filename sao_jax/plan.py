@@ -176,7 +176,7 @@ def model_config(config, model: str = "", layers: int = 0):
   if model:
     mcfg = presets.get_preset(model, **kw)
   elif pretrained.source(m) == "hf":
-    mcfg = hf.config_from_hf(hf.read_hf_config(m.checkpoint_dir), **kw)
+    mcfg = hf.config_from_hf(hf.read_hf_config(pretrained.checkpoint_dir(m)), **kw)
   elif pretrained.source(m) == "gguf":
     raise ValueError("--model is needed with model.gguf (the plan reads no GGUF file): give a "
                      "preset name from sao_jax/models/presets.py, e.g. --model=smollm2-135m.")
