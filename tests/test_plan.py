@@ -21,6 +21,7 @@ import math
 import os
 import subprocess
 import sys
+import unittest.mock
 
 import jax
 import pytest
@@ -257,3 +258,24 @@ def test_the_planned_model_runs_as_the_config_says(model):
   mcfg = plan.model_config(c, model=model)
   assert (mcfg.remat, mcfg.scan_layers, mcfg.max_seq_len) == ("block", True, 1024)
   assert mcfg.dtype == c.model.dtype
+
+
+def test_routed_moe_flops_count_the_routed_experts_only():
+  """XLA:CPU counts ``ragged_dot`` densely over every expert; the plan counts what routing
+  computes: the same FLOPs whatever the expert count at fixed top-k, and below the dense count
+  over all experts by about n_experts / n_experts_per_tok in the MLP."""
+  config = configs.load("arith_tool", "smoke")
+  base = plan.model_config(config)
+  moe = lambda e: dataclasses.replace(base, arch="qwen3_moe", n_experts=e, n_experts_per_tok=2,
+                                      moe_d_ff=16, moe_layers=tuple(range(base.n_layers)))
+  four, sixteen = plan.learner_flops(config, moe(4)), plan.learner_flops(config, moe(16))
+  assert four == sixteen
+  assert plan.routed_flops_equivalent(moe(16)).d_ff == 2 * 16
+  assert plan.routed_flops_equivalent(base) is base
+  # the uncorrected count grows with the expert count
+  traced = {}
+  for e in (4, 16):
+    with unittest.mock.patch.object(plan, "routed_flops_equivalent", lambda m: m):
+      traced[e] = plan.learner_flops(config, moe(e))
+  for k in four:
+    assert traced[16][k] > traced[4][k] > four[k]
