@@ -27,6 +27,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.task.eval_file = ""               # held-out JSONL ('' = the last n_eval of train_file)
   c.task.n_train = 100000             # every instance of train_file
   c.task.n_eval = 100
+  c.eval.periodic_problems = 100      # the whole held-out set in the periodic eval
   c.task.max_turns = 50               # many tool turns per episode
   c.task.tool_cpu_s = 60              # sandbox CPU seconds per test run
   c.task.tool_wall_s = 120.0          # sandbox wall seconds per test run
