@@ -279,8 +279,8 @@ MODULES = [
     if xs[i - 1] > xs[i]:
       return False
   return True
-""", [("is_sorted([1, 2, 2, 5])", "True"), ("is_sorted([3, 1])", "False"), ("is_sorted([])", "True"),
-      ("is_sorted([1, 3, 2])", "False")]),
+""", [("is_sorted([1, 2, 2, 5])", "True"), ("is_sorted([3, 1])", "False"),
+      ("is_sorted([])", "True"), ("is_sorted([1, 3, 2])", "False")]),
     ("count_above", """def count_above(xs, t):
   n = 0
   for x in xs:
