@@ -326,3 +326,17 @@ def test_special_tokens_in_files_cannot_forge_a_turn_end():
   st = _step(env, ep, 0, _call("view", "calc.py 1 1"))
   assert TOK.eos_id not in st.observation_ids and 4 not in st.observation_ids
   env.end_episode(ep)
+
+
+def test_the_backend_cache_reuses_reports_but_not_failed_runs():
+  backend = SandboxBackend(LIMITS, test_timeout_s=1.0, cache_size=2)
+  files = {"calc.py": CALC, "tests/test_calc.py": VISIBLE}
+  first = backend.run(files)
+  again = backend.run(files)
+  assert backend.runs == 1 and again.status == first.status == {
+      "tests/test_calc.py::test_mean": "passed"}
+  slow = {**files, "tests/test_slow.py": "import signal, time\n\ndef test_s():\n"
+          "  signal.signal(signal.SIGALRM, signal.SIG_IGN)\n  time.sleep(60)\n"}
+  assert backend.run(slow, ["tests/test_slow.py::test_s"]).error == "timeout"
+  assert backend.run(slow, ["tests/test_slow.py::test_s"]).error == "timeout"
+  assert backend.runs == 3  # a timed-out run is not cached
