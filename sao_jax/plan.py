@@ -413,8 +413,8 @@ def learner_flops(config, mcfg, rows: int = 0) -> dict[str, float]:
   critic-free estimator).
 
   Counted by XLA's cost analysis of the steps as traced (``Lowered.cost_analysis`` on one CPU
-  device: seconds, nothing compiled), at full depth, a routed MoE as its routed FLOPs
-  (``routed_flops_equivalent``), with one micro-batch and one mini-batch --
+  device: seconds, nothing compiled), at full depth, without remat (its recomputed forward is
+  not model FLOPs), a routed MoE as its routed FLOPs (``routed_flops_equivalent``), with one micro-batch and one mini-batch --
   the cost analysis counts a loop body once, and micro-batching does not change the arithmetic
   (the old-policy forward of ``train.policy_minibatches`` > 1 is left out). Per chip, the slice
   divides these by its chip count (the model-FLOPs convention of MFU: compute a partitioning
@@ -422,8 +422,9 @@ def learner_flops(config, mcfg, rows: int = 0) -> dict[str, float]:
   import jax  # pylint: disable=import-outside-toplevel
   from sao_jax.train import sharding  # pylint: disable=import-outside-toplevel
 
-  if "scan_layers" in {f.name for f in dataclasses.fields(mcfg)}:  # a scan counts as one layer
-    mcfg = dataclasses.replace(mcfg, scan_layers=False)
+  if "scan_layers" in {f.name for f in dataclasses.fields(mcfg)}:
+    # a scan counts as one layer; remat's recomputed forward is not model FLOPs
+    mcfg = dataclasses.replace(mcfg, scan_layers=False, remat="none")
   mcfg = routed_flops_equivalent(mcfg)
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices("cpu")[:1])
   st = _abstract_steps(config, mcfg, mesh, micro=1, rows=rows, policy_minibatches=1)

@@ -184,6 +184,8 @@ def test_an_abstract_learner_holds_shapes_with_shardings_and_counts_model_flops(
   one = plan.learner_flops(config, dataclasses.replace(mcfg, n_layers=1))
   for k in flops:
     assert deeper[k] - flops[k] == pytest.approx(flops[k] - one[k], rel=1e-6)
+  # remat recomputes the forward: not model FLOPs
+  assert plan.learner_flops(config, dataclasses.replace(mcfg, remat="block")) == flops
 
 
 @pytest.mark.parametrize("name, total, non_embedding", [
