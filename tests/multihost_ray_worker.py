@@ -58,8 +58,8 @@ def models(c):
 
 
 def main(pid: int, port: int, ray_address: str, out: str) -> None:
-  distributed.initialize({"coordinator_address": f"localhost:{port}", "num_processes": 2,
-                          "process_id": pid, "cpu_collectives": "gloo"})
+  distributed.initialize(roles.Distributed(coordinator_address=f"localhost:{port}",
+                                           num_processes=2, process_id=pid))
   assert jax.process_count() == 2 and jax.device_count() == 4
   c = config()
   c.rollout.ray_address = ray_address

@@ -19,6 +19,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 
+from sao_jax import roles  # noqa: E402
 from sao_jax.train import distributed, sharding  # noqa: E402
 from sao_jax.train.checkpoint import Checkpointer  # noqa: E402
 from sao_jax.train.distributed import process_rows  # noqa: E402
@@ -28,8 +29,8 @@ from sharding_helpers import STEPS, flat  # noqa: E402
 
 
 def main(pid: int, port: int, ckpt_dir: str, out: str) -> None:
-  distributed.initialize({"coordinator_address": f"localhost:{port}", "num_processes": 2,
-                          "process_id": pid, "cpu_collectives": "gloo"})
+  distributed.initialize(roles.Distributed(coordinator_address=f"localhost:{port}",
+                                           num_processes=2, process_id=pid))
   assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
   pg, pp, cg, cp = H.make_models()
   mesh = sharding.make_mesh({"data": 2, "fsdp": -1})

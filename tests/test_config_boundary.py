@@ -65,8 +65,7 @@ def _receiver(node: ast.Attribute) -> tuple[str, list[str]]:
 def test_no_module_below_the_top_reads_a_configdict():
   """Below the top (``TOP``) no module converts a config (``roles.from_config`` /
   ``to_config``), calls a ConfigDict-only method (``config.to_dict()``, ...) or reads a config
-  as a mapping (``config.get(...)``, ``config.<section>.get(...)``): they get typed roles.
-  train/distributed.py reads ``distributed`` as a plain mapping (``dataclasses.asdict``)."""
+  as a mapping (``config.get(...)``, ``config.<section>.get(...)``): they get typed roles."""
   hits = []
   for rel, src in _modules():
     if rel in TOP:
@@ -76,7 +75,8 @@ def test_no_module_below_the_top_reads_a_configdict():
         continue
       root, chain = _receiver(node.func)
       attr = node.func.attr
-      as_mapping = (attr in ("get", "items", "keys", "values") and root in ("config", "run")
+      as_mapping = (attr in ("get", "items", "keys", "values")
+                    and root in ("config", "cfg", "run", "dist")
                     and all(c in roles.SECTIONS for c in chain))
       if attr in CONFIGDICT_CALLS or as_mapping:
         hits.append(f"{rel}:{node.lineno}: {ast.unparse(node.func)}(...)")
@@ -127,10 +127,9 @@ def test_loop_run_hands_its_callees_typed_roles(tmp_path, monkeypatch):
 
 def test_no_fallback_defaults_on_config_reads():
   """One place per default: no ``config.x.get("field", default)`` below the top (the typed roles
-  carry every field). distributed.initialize takes a plain mapping + environment variables;
-  validation checks the user's ConfigDict before it is converted."""
+  carry every field). Validation checks the user's ConfigDict before it is converted."""
   hits = [f"{rel}:{i}: {line.strip()}" for rel, src in _modules()
-          if rel not in ("train/distributed.py", "train/validation.py")
+          if rel != "train/validation.py"
           for i, line in enumerate(src.splitlines(), 1) if FALLBACK.search(line)]
   assert not hits, hits
 

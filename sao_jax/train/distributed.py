@@ -10,12 +10,13 @@ batch; scalar metrics come back replicated on every process; only process 0 writ
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Optional
+from typing import Optional
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from sao_jax import roles
 from sao_jax.rollout.ray_local import is_loopback
 
 
@@ -23,21 +24,23 @@ _ENV = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_
         "process_id": "JAX_PROCESS_ID"}
 
 
-def initialize(dist_cfg: Optional[Mapping[str, Any]] = None) -> bool:
-  """Starts ``jax.distributed`` from a config mapping and/or the environment.
+def initialize(dist: Optional[roles.Distributed] = None) -> bool:
+  """Starts ``jax.distributed`` from the ``distributed`` role (``roles.Distributed``; None =
+  its defaults) and/or the environment.
 
-  Fields (config first, then env ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` /
+  Fields (the role's when set, else env ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` /
   ``JAX_PROCESS_ID``): ``coordinator_address`` ("host:port"; empty = single process, nothing
-  is started), ``num_processes``, ``process_id``, ``cpu_collectives`` ("gloo" so CPU
-  processes can all-reduce; ignored on GPU/TPU). Must run before any other JAX call. A
+  is started), ``num_processes``, ``process_id`` (-1 = unset), ``cpu_collectives`` ("gloo" so
+  CPU processes can all-reduce; ignored on GPU/TPU). Must run before any other JAX call. A
   loopback coordinator address (one machine) binds the coordinator to loopback
   (``bind_address``).
 
   Returns True if ``jax.distributed.initialize`` was called. Raises ValueError if an address
   is given without ``num_processes`` / ``process_id``.
   """
-  cfg = dict(dist_cfg or {})
-  get = lambda k: cfg.get(k) if cfg.get(k) not in (None, "", -1) else os.environ.get(_ENV[k])
+  dist = dist if dist is not None else roles.Distributed()
+  get = lambda k: (getattr(dist, k) if getattr(dist, k) not in ("", -1)
+                   else os.environ.get(_ENV[k]))
   address = get("coordinator_address")
   if not address:
     return False
@@ -46,7 +49,7 @@ def initialize(dist_cfg: Optional[Mapping[str, Any]] = None) -> bool:
     raise ValueError("distributed.coordinator_address is set, so distributed.num_processes and "
                      "distributed.process_id are needed too (or JAX_NUM_PROCESSES / "
                      "JAX_PROCESS_ID).")
-  collectives = cfg.get("cpu_collectives", "gloo")
+  collectives = dist.cpu_collectives
   if collectives:
     jax.config.update("jax_cpu_collectives_implementation", collectives)
   jax.distributed.initialize(coordinator_address=address, num_processes=int(num),

@@ -53,7 +53,7 @@ def run(config) -> dict[str, Any]:
   validate_config(user)
   warnings = config_warnings(user)
   config = roles.from_config(user)  # the one conversion: below here only typed roles
-  distributed.initialize(dataclasses.asdict(config.distributed))  # no-op without an address
+  distributed.initialize(config.distributed)  # no-op without a coordinator address
   for line in warnings if distributed.is_main_process() else ():
     print(line, file=sys.stderr, flush=True)
   run_dir, tcfg = config.run_dir, config.train
