@@ -23,13 +23,13 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.task.tool_cpu_s = 2                 # sandbox CPU seconds per test run
   c.task.tool_wall_s = 10.0             # sandbox wall seconds per test run (each test: 5 s)
   c.task.tool_memory_mb = 256           # sandbox address space per test run (MiB)
-  c.task.tool_output_chars = 600        # observation cut (a module's view or test log fits)
+  c.task.tool_output_chars = 500        # observation cut (a module's view or one failure fits)
   c.rollout.env_timeout_s = 30.0        # > tool_wall_s + sandbox start-up
   c.rollout.env_workers = 8             # test runs off the decode loop
 
-  c.model.max_seq_len = 1280            # longest demonstration ~1,000 character tokens
+  c.model.max_seq_len = 1536            # demonstrations: 450-1,400 character tokens
   c.rollout.max_new_tokens = 160        # per turn: a replace call with two code lines
-  c.rollout.max_prefill_length = 640    # prompt ~110, longest observation ~600 characters
+  c.rollout.max_prefill_length = 640    # prompt ~110, longest observation ~520 characters
 
   c.sft.steps = 800                     # warm start on whole demonstrated episodes
   c.sft.batch_size = 16

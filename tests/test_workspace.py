@@ -177,7 +177,7 @@ def test_a_test_that_writes_outside_fails_and_the_host_is_unchanged(tmp_path):
           "      errors.append(type(e).__name__)\n"
           f"  assert len(errors) == {len(targets)}, errors\n")
   obs = _obs(_run_test_file(body, tmp_path))
-  assert "PASSED tests/test_evil.py::test_write" in obs, obs
+  assert obs == "\n1 passed\n```\n", obs
   assert not any(os.path.exists(t) for t in targets)
 
 
@@ -194,7 +194,7 @@ def test_a_test_that_reads_etc_sees_no_secret_and_cannot_write_it(tmp_path):
           "  except OSError:\n    pass\n")
   passwd = open("/etc/passwd").read()
   obs = _obs(_run_test_file(body, tmp_path))
-  assert "PASSED tests/test_evil.py::test_read" in obs, obs
+  assert obs == "\n1 passed\n```\n", obs
   assert open("/etc/passwd").read() == passwd
 
 
@@ -229,7 +229,7 @@ def test_a_sleeping_test_is_stopped_by_its_timeout_and_a_stubborn_one_by_the_wal
   obs = _obs(_run_test_file("import time\n\ndef test_sleep():\n  time.sleep(60)\n"
                             "\ndef test_ok():\n  pass\n", tmp_path))
   assert "FAILED tests/test_evil.py::test_sleep" in obs and "longer than 1.0 s" in obs, obs
-  assert "PASSED tests/test_evil.py::test_ok" in obs
+  assert obs.endswith("1 passed, 1 failed\n```\n")
   st = _run_test_file("import signal, time\n\ndef test_sleep():\n"
                       "  signal.signal(signal.SIGALRM, signal.SIG_IGN)\n  time.sleep(60)\n",
                       tmp_path)
@@ -293,7 +293,7 @@ def test_whole_episodes_through_the_rollout_worker():
   assert trajs["cheat"].info["rejected"] == ["tests/test_calc.py"]
   seq = next(s for s in engine.started if s.turns is fix)
   assert "1| def mean(xs):" in seq.observations[0]
-  assert "PASSED tests/test_calc.py::test_mean" in seq.observations[1]
+  assert seq.observations[1].endswith("\n1 passed\n```\n")
   assert f"2| {FIX_NEW}" in seq.observations[2]
   n_obs = int((trajs["fix"].action_mask == 0).sum()) - len(env.prompt_ids(problems[0]))
   assert n_obs > 100   # file views and test logs: long observations

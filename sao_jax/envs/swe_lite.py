@@ -301,8 +301,8 @@ def batch_metrics(trajs) -> dict[str, float]:
 
 def build_task(run, tok):
   """``task.name='swe_lite'``: generated instances (module doc), ``task.n_train`` / ``n_eval``
-  of the train / eval modules, ``sft.num_demos`` demonstrations that fix w.p. ``sft.p_tool``.
-  Test runs are cached (the generated tests are deterministic)."""
+  of the train / eval modules, ``sft.num_demos`` demonstrations that fix w.p. ``sft.p_tool``
+  (cut to ``model.max_seq_len`` tokens). Test runs are cached (the generated tests are deterministic)."""
   from sao_jax import tasks  # pylint: disable=import-outside-toplevel  (tasks imports envs)
   t = run.task
   train = make_instances("train", run.seed, t.n_train)
@@ -310,8 +310,11 @@ def build_task(run, tok):
   env = WorkspaceEnv(tok, train + evals, max_turns=t.max_turns, backend=_backend(t, 4096),
                      max_output_chars=t.tool_output_chars, system=t.system_prompt or SYSTEM)
   sandbox_check(env.backend.limits)
-  demos = (make_sft_dataset(env, train, run.sft.p_tool, run.seed, run.sft.num_demos)
-           if run.sft.num_demos and run.sft.steps else None)
+  demos = None
+  if run.sft.num_demos and run.sft.steps:  # a demo longer than the model's context: its prefix
+    cap = run.model.max_seq_len
+    demos = [(ids[:cap], mask[:cap]) for ids, mask in
+             make_sft_dataset(env, train, run.sft.p_tool, run.seed, run.sft.num_demos)]
   problems = env.problems()
   return tasks.Task(tok, env, problems[:len(train)], problems[len(train):], _stop(tok), demos,
                     stop_strings=env.stop_strings, batch_metrics=batch_metrics)

@@ -389,7 +389,8 @@ def run_one(tid):
 for tid in IDS:
   st, msg = run_one(tid)
   status[tid] = st
-  lines.append(msg or f"{st.upper()} {tid}")
+  if msg:  # pytest -q style: failures in full, passes only in the summary
+    lines.append(msg)
 n = {k: sum(1 for v in status.values() if v == k) for k in ("passed", "failed", "error", "skipped")}
 lines.append(", ".join(f"{v} {k}" for k, v in n.items() if v) or "no tests ran")
 _out.write("\n".join(lines) + "\n@@RESULT@@ " + NONCE + " " + json.dumps(status) + "\n")
