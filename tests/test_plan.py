@@ -42,6 +42,7 @@ def _env() -> dict:
 
 @pytest.mark.skipif(not plan.libtpu_available(),
                     reason='libtpu is not installed (pip install -e ".[tpu]"): no TPU compiler')
+@pytest.mark.slow
 def test_plan_compiles_for_a_tpu_slice_and_names_the_fields_when_nothing_fits(tmp_path):
   out = tmp_path / "plan.json"
   proc = subprocess.run(
@@ -88,6 +89,7 @@ def _batch_bytes(report) -> float:
   return 4 * report["rows"] * (report["length"] * 6 + 6)
 
 
+@pytest.mark.slow
 def test_a_missing_libtpu_says_how_to_install_it():
   code = ("import sys, runpy; sys.modules['libtpu'] = None; sys.argv = ['plan', "
           "'--config=configs/arith_tool.py:smoke', '--topology=v5litepod-8']; "
@@ -218,6 +220,7 @@ for item in items:
 '''
 
 
+@pytest.mark.slow
 def test_a_compiler_crash_loses_one_program_and_the_rest_goes_on(tmp_path, monkeypatch):
   worker = tmp_path / "worker.py"
   worker.write_text(FAKE_WORKER)

@@ -13,7 +13,8 @@ handled here and nowhere else:
 2. Because of 1, ``pip install -e .`` cannot pull JetStream in (``pyproject.toml`` does not list
    it): when it is missing, importing this module raises ``ImportError`` with the install command.
 
-Import JetStream only through this module: ``from sao_jax.rollout.jetstream_compat import engine_api``.
+Import JetStream only through this module:
+``from sao_jax.rollout.jetstream_compat import engine_api``.
 """
 
 import importlib.util

@@ -88,10 +88,6 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
   ``reads`` names the other fields ``ok`` looks at: the rule is skipped when one of them has a
   wrong type (that problem is reported on its own). ``num_devices`` None skips the rules that
   need the device count."""
-  pos = lambda v: v > 0
-  nonneg = lambda v: v >= 0
-  unit = lambda v: 0.0 <= v <= 1.0
-  half_open = lambda v: 0.0 <= v < 1.0
   mode, objective, estimator = _resolved(flat)
   grouped = str(mode).startswith("grpo")
   r = [
