@@ -2,7 +2,8 @@
 tree (and the working tree with the live-length bucket off), same params, the sampler
 benchmark's small config and workload (``bench_sampler``: 16-token prompts, ``--new`` tokens).
 
-    python benchmarks/ab_engine.py [--commit a136f52] [--batches 8,32,128] [--repeats 4] [--decode_steps 8] [--max_seq_len 512]
+    python benchmarks/ab_engine.py [--commit a136f52] [--batches 8,32,128] [--repeats 4]
+        [--decode_steps 8] [--max_seq_len 512]
 
 The old ``models/transformer.py`` and ``rollout/engine.py`` are read with ``git show`` into a
 temporary folder and imported as separate modules. Decode-only medians skip the first timed
@@ -40,7 +41,8 @@ def _old_modules(commit: str, folder: str):
     f.write(show("sao_jax/rollout/engine.py").replace("from sao_jax.models.transformer import",
                                                       "from old_transformer import"))
   sys.path.insert(0, folder)
-  import old_engine, old_transformer  # pylint: disable=import-outside-toplevel,import-error
+  import old_engine  # pylint: disable=import-outside-toplevel,import-error
+  import old_transformer  # pylint: disable=import-outside-toplevel,import-error
   return old_engine, old_transformer
 
 

@@ -1,7 +1,8 @@
 """Pipeline: the main job (``sao_jax.train.loop.run``) under ``train.mode=sao`` vs ``grpo_sync``.
 
-    python benchmarks/bench_pipeline.py [--quick] [--json out.json] [--repeats 2] [--config chain_tool]
-        [--tool_latency lognormal:MEDIAN_S:SIGMA] [--backend ray --num_workers 2]
+    python benchmarks/bench_pipeline.py [--quick] [--json out.json] [--repeats 2]
+        [--config chain_tool] [--tool_latency lognormal:MEDIAN_S:SIGMA]
+        [--backend ray --num_workers 2]
 
 Each run is a fresh subprocess (so its peak host memory, VmHWM, is its own), modes interleaved
 (sao, grpo_sync, sao, grpo_sync, ...), same batch (16), slots (16) and everything else. The RL
@@ -101,7 +102,7 @@ def run_mode(mode: str, overrides: dict, run_dir: str) -> dict:
   rec = json.loads(line[0][len("BENCH_JSON "):])
   steps = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8")]
   steps = [s for s in steps if "wait_s" in s]
-  batch, slots = overrides["train.batch_size"], overrides["rollout.slots"]
+  batch = overrides["train.batch_size"]
   wait = sum(s["wait_s"] for s in steps)
   train = sum(s["train_s"] for s in steps)
   rest = sorted(s["train_s"] for s in steps[1:]) or [0.0]
@@ -179,8 +180,8 @@ def main():
   median_s, sigma = parse_tool_latency(args.tool_latency)
   steps = 1 if args.quick else args.steps
   repeats = 1 if args.quick else args.repeats
-  overrides = {"config": args.config, "train.num_steps": steps, "train.batch_size": 16, "train.group_size": 8,
-               "rollout.slots": 16, "sft.steps": 20, "eval.every_steps": 0,
+  overrides = {"config": args.config, "train.num_steps": steps, "train.batch_size": 16,
+               "train.group_size": 8, "rollout.slots": 16, "sft.steps": 20, "eval.every_steps": 0,
                "checkpoint.every_steps": 0, "task.n_eval": 16, "log.tensorboard": False,
                "log.progress": "off", "rollout.max_new_tokens": 24,
                "task.tool_latency_median_s": median_s, "task.tool_latency_sigma": sigma,

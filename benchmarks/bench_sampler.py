@@ -42,7 +42,6 @@ import common  # pylint: disable=import-error
 
 common.one_xla_device_per_core()  # before JAX starts
 import jax  # pylint: disable=wrong-import-position
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -255,7 +254,8 @@ def main():
                 "ours decode / roofline": b * new / md / roofline})
     rows.append(row)
   label = "quick: a d64 toy, a wiring check, numbers not meaningful" if args.quick else args.model
-  common.report(f"sampler ({label})", rows, args, {"model": "quick" if args.quick else args.model,"weight_bytes": weight_bytes, "bandwidth_Bps": bw,
+  common.report(f"sampler ({label})", rows, args, {"model": "quick" if args.quick else args.model,
+                                        "weight_bytes": weight_bytes, "bandwidth_Bps": bw,
                                         "matmul_flops": flops,
                                         "new_tokens": new, "prompt": PROMPT,
                                         "decode_steps": max(1, min(args.decode_steps, new)),

@@ -105,7 +105,8 @@ def main():
   print(f"tree {nbytes / 1e9:.2f} GB ({len(leaves)} leaves) -> 2 actors; "
         f"load avg {load0[0]:.1f} -> {load1[0]:.1f} on {os.cpu_count()} cores; "
         f"{avail_gb:.1f} GB available at start")
-  print("| transport | round | publish s | pull s (actor 0, 1) | total s | GB/s (2 x tree / total) |")
+  print("| transport | round | publish s | pull s (actor 0, 1) | total s "
+        "| GB/s (2 x tree / total) |")
   print("|---|---|---|---|---|---|")
   for r in rows:
     print(f"| {r['transport']} | {r['round']} | {r['publish_s']:.2f} | "

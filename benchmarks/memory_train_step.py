@@ -41,7 +41,8 @@ def report(compiled) -> dict:
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return {"argument_bytes": int(m.argument_size_in_bytes),
-          "output_bytes": int(m.output_size_in_bytes), "temp_bytes": int(m.temp_size_in_bytes), "flops": float(cost.get("flops", 0.0))}
+          "output_bytes": int(m.output_size_in_bytes), "temp_bytes": int(m.temp_size_in_bytes),
+          "flops": float(cost.get("flops", 0.0))}
 
 
 def main(argv=None) -> dict:

@@ -2,7 +2,8 @@
 the JetStream engine's ``generate`` runs per step), traced with ``jax.profiler`` on XLA:CPU and
 summed per source function / op kind (the parsing of ``profile_ops.py``).
 
-    python benchmarks/profile_decode.py [--batch 32] [--cache_len 81] [--pos 40] [--kv_len -1] [--repeats 50]
+    python benchmarks/profile_decode.py [--batch 32] [--cache_len 81] [--pos 40] [--kv_len -1]
+        [--repeats 50]
 
 Model: the sampler benchmark's small config (``bench_sampler.config``). ``--cache_len`` defaults
 to the engine's ``max_seq_len + 1`` for that benchmark (81). Every row decodes at ``--pos``

@@ -160,7 +160,8 @@ def main():
   per_op = trace_ops(run, n)
   idx = _op_index(text, _stack_frames(text))
   total = sum(per_op.values())
-  by_src, by_kind = collections.defaultdict(lambda: [0.0, 0]), collections.defaultdict(lambda: [0.0, 0])
+  by_src = collections.defaultdict(lambda: [0.0, 0])
+  by_kind = collections.defaultdict(lambda: [0.0, 0])
   for op, ms in per_op.items():
     _, phase, src = idx.get(op, ("", "-", "runtime"))
     for table, key in ((by_src, f"{src} [{phase}]"), (by_kind, _kind(op))):
@@ -171,8 +172,9 @@ def main():
   name = f"profile_ops ({args.config} {args.step} step, {b}x{t})"
   common.report(f"{name}: by source function", rows(by_src)[:args.top], args, usage)
   common.report(f"{name}: by op kind", rows(by_kind)[:8], argparse_no_json(args))
-  top = [{"op": op, "shape": idx.get(op, ("?",))[0], "where": " ".join(idx.get(op, ("", "", ""))[1:]),
-          "traced ms/step": ms, "share": ms / total}
+  top = [{"op": op, "shape": idx.get(op, ("?",))[0],
+          "where": " ".join(idx.get(op, ("", "", ""))[1:]), "traced ms/step": ms,
+          "share": ms / total}
          for op, ms in per_op.most_common(args.top)]
   common.report(f"{name}: top ops", top, argparse_no_json(args))
 

@@ -17,7 +17,6 @@ micro-batching); the config's 384 gives micro-batches of 4 rows.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -73,8 +72,10 @@ fns = learner.jitted_steps(micro)
 temps = {}
 try:
   targets = fns[0](learner.critic.params, batch)
-  temps["critic_temp_bytes"] = fns[1].lower(learner.critic, batch, targets).compile().memory_analysis().temp_size_in_bytes
-  temps["policy_temp_bytes"] = fns[2].lower(learner.policy, batch, targets["advantages"], None).compile().memory_analysis().temp_size_in_bytes
+  critic = fns[1].lower(learner.critic, batch, targets).compile()
+  temps["critic_temp_bytes"] = critic.memory_analysis().temp_size_in_bytes
+  policy = fns[2].lower(learner.policy, batch, targets["advantages"], None).compile()
+  temps["policy_temp_bytes"] = policy.memory_analysis().temp_size_in_bytes
 except Exception as e:  # a different step signature on another commit
   temps["temp_bytes_error"] = repr(e)[:200]
 print(json.dumps({"tokens_per_device": tokens_per_device, "microbatches": micro,

@@ -3,7 +3,8 @@ runs it, the output comes back as observation tokens, up to 50 turns), math-veri
 final \\boxed{}, paper hyper-parameters. Trains on the packaged training mix (GSM8K train,
 MATH-500, AIME 2024, AMC 2023, HMMT Feb 2024: `sao_jax/data/split.py`), which shares no problem
 with the evaluation sets; evaluates on AIME 2025 during training, and on the paper's four
-benchmarks with `python -m sao_jax.eval --config=configs/aime.py --protocol=paper` (docs/tir_math.md).
+benchmarks with `python -m sao_jax.eval --config=configs/aime.py --protocol=paper`
+(docs/tir_math.md).
 
 `python -m sao_jax.main --config=configs/aime.py --config.model.checkpoint_dir=/path/to/ckpt`
 needs a policy checkpoint: a Hugging Face folder (`config.json`, `model.safetensors` or sharded

@@ -21,7 +21,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.run_dir = "runs/chain_tool"
   c.task.name = "chain_tool"
   c.task.chain_lengths = (3, 4, 5)        # calculator calls a problem needs
-  c.task.chain_weights = (0.2, 0.5, 0.3)  # their probabilities (warm start solves ~ the 3-call ones)
+  c.task.chain_weights = (0.2, 0.5, 0.3)  # their probabilities (warm start solves ~ 3-call ones)
   c.task.max_turns = 7                    # max(chain_lengths) calls + answer + one spare turn
 
   c.model.max_seq_len = 160               # longest correct 5-call episode is ~140 tokens

@@ -8,8 +8,8 @@ The packaged SmolLM2-135M-Instruct GGUF (`c.model.gguf = "smollm2"`, as in
 `\\boxed{}`. Held-out: 200 problems whose operand pairs never occur in training (either order).
 Short prompts (<= 59 tokens) and responses (<= 32 tokens) keep a policy step cheap; the lr is
 far above the paper's 1e-6 (which is for a 30B model). `:smoke` = two SAO steps, 4 eval
-problems (a wiring check with the real model, not seconds: it compiles the 135M train step; seen: 23 min
-at nice 19 on 2 cores at load ~8). The plot: `python benchmarks/plot_smollm2_arith.py`.
+problems (a wiring check with the real model, not seconds: it compiles the 135M train step).
+The plot: `python benchmarks/plot_smollm2_arith.py`.
 `:accelerator` = the same run sized for one GPU / TPU host (batch 128, 60 steps; not run yet).
 """
 

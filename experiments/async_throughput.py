@@ -35,7 +35,12 @@ SLOTS = BATCH = 32
 DISTS = ("lognormal", "chain_demo")
 # measured with the real engine and trainer (benchmarks/bench_pipeline.py), filled in by hand
 PIPELINE = (
-    "`python benchmarks/bench_pipeline.py --config chain_tool --tool_latency lognormal:0.2:1.0 --steps 30 --repeats 2` (2026-12-01 16:45-16:51, load 0.8-3.7; `benchmarks/RESULTS.md` section 4d): SAO vs `grpo_sync` on the chained task's tiny smoke model, 30 steps of 16 trajectories, lognormal tool latency (median 0.2 s, sigma 1.0): trajectories/s over the RL phase 26.9 / 20.6 vs 9.8 / 10.5 (**2.34x** median), steady state (steps 2-30) 8.6x; trainer idle 0.41-0.45 vs 0.89-0.91; measured staleness 1.09-1.14 versions (SAO) vs 0 (grpo_sync).")
+    "`python benchmarks/bench_pipeline.py --config chain_tool --tool_latency lognormal:0.2:1.0 "
+    "--steps 30 --repeats 2` (2026-12-01 16:45-16:51, load 0.8-3.7; `benchmarks/RESULTS.md` "
+    "section 4d): SAO vs `grpo_sync` on the chained task's tiny smoke model, 30 steps of 16 "
+    "trajectories, lognormal tool latency (median 0.2 s, sigma 1.0): trajectories/s over the RL "
+    "phase 26.9 / 20.6 vs 9.8 / 10.5 (**2.34x** median), steady state (steps 2-30) 8.6x; trainer "
+    "idle 0.41-0.45 vs 0.89-0.91; measured staleness 1.09-1.14 versions (SAO) vs 0 (grpo_sync).")
 QUEUE = 64
 AREAL_SPEEDUP = 2.77  # AReaL (Fu et al., 2025): "up to 2.77x" over synchronous systems
 
@@ -174,7 +179,7 @@ def run(quick: bool, out_dir=None) -> str:
                     res["async"][0] / res["sync"][0], ideal / res["sync"][0],
                     res["sync"][1], res["async"][1], res["sync"][2], res["async"][2],
                     res["sync"][3], res["async"][3]])
-  png = common.plot(csv_path, os.path.join(out_dir, f"{EXPERIMENT}.png"),
+  common.plot(csv_path, os.path.join(out_dir, f"{EXPERIMENT}.png"),
                     [("traj_per_ktick", None, "trajectories / 1000 ticks", "log"),
                      ("trainer_idle_frac", None, "trainer idle fraction"),
                      ("rollout_idle_frac", None, "rollout idle fraction")],
@@ -185,6 +190,7 @@ def run(quick: bool, out_dir=None) -> str:
             "sync staleness", "async staleness"]
   sp = {d: [r[8] for r in table if r[0] == d] for d in DISTS}
   ideal_sp = {d: [r[9] for r in table if r[0] == d] for d in DISTS}
+  larger = "larger" if np.mean(sp["lognormal"]) > AREAL_SPEEDUP else "not larger"
   cmd = "python experiments/async_throughput.py" + (" --quick" if quick else "")
   body = f"""Command: `{cmd}` (seconds on this CPU; no model, a discrete-event model of the engine).
 
@@ -192,11 +198,11 @@ Setting: {SLOTS} decode slots, batch {BATCH} trajectories per policy step, async
 {steps} policy steps, seeds {list(SEEDS)}; trainer time per batch set so trainer capacity equals
 engine capacity (`train_ticks = batch * mean_len / slots`). Lengths: `lognormal` =
 round(LogNormal(5, 1)) clipped to [1, 8192]; `chain_demo` = measured action lengths of the CPU
-task's (`configs/chain_tool.py`) 4000 warm-up demonstrations. One tick = one decode step over all busy slots. The
-simulation is *not* the JetStream engine: it models continuous batching and the trainer as
-fixed costs, so it isolates scheduling (barrier vs none). Staleness per arm: the mean over steps
-of (version trained at - version a batch's rollouts started with); 0 for the synchronous arm by
-construction, so the two arms are *not* at matched staleness here -- this claim is about
+task's (`configs/chain_tool.py`) 4000 warm-up demonstrations. One tick = one decode step over all
+busy slots. The simulation is *not* the JetStream engine: it models continuous batching and the
+trainer as fixed costs, so it isolates scheduling (barrier vs none). Staleness per arm: the mean
+over steps of (version trained at - version a batch's rollouts started with); 0 for the synchronous
+arm by construction, so the two arms are *not* at matched staleness here -- this claim is about
 throughput, and the staleness the asynchronous arm pays for it is the column shown.
 
 {common.markdown_table(header, table)}
@@ -206,7 +212,7 @@ throughput, and the staleness the asynchronous arm pays for it is the column sho
 Speed-up async/sync: lognormal {np.mean(sp['lognormal']):.2f}x (ideal bound
 {np.mean(ideal_sp['lognormal']):.2f}x), chain_demo {np.mean(sp['chain_demo']):.2f}x (ideal
 {np.mean(ideal_sp['chain_demo']):.2f}x). AReaL reports up to {AREAL_SPEEDUP}x over synchronous.
-The simulated speed-up on lognormal lengths is {"larger" if np.mean(sp['lognormal']) > AREAL_SPEEDUP else "not larger"}
+The simulated speed-up on lognormal lengths is {larger}
 than AReaL's: this model's synchronous arm is the worst case (the whole engine idles during the
 trainer step, and a batch of {BATCH} waits for the max of {BATCH} LogNormal(5, 1) draws, about 6x
 the mean), and it has no weight-sync, prefill or memory costs; real systems sit between the sync

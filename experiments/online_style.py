@@ -160,6 +160,7 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
   ev = common.curves(rows, "explained_variance").get("sao", {})
   ev_sao = float(np.mean([y.mean() for _, y in ev.values()])) if ev else float("nan")
   cmd = "python experiments/online_style.py" + (" --quick" if quick else "")
+  style_header = ["arm"] + [f"phase {k} ({STYLE_NAMES[k % 3]})" for k in range(len(starts) + 1)]
   body = f"""Command: `{cmd}`
 
 Setting: `configs/{tc.TASK}.py`{':smoke' if quick else ''} with {base}, `task.style_base` =
@@ -176,7 +177,7 @@ Seed std of the mean reward: sao {std_rew('sao'):.3f}, running_mean_128
 {std_rew('running_mean_128'):.3f}. Per phase, mean over seeds of the fraction of the batch in the
 phase's preferred style (first 5 / last 5 steps of the phase):
 
-{common.markdown_table(["arm"] + [f"phase {k} ({STYLE_NAMES[k % 3]})" for k in range(len(starts) + 1)], style_rows)}
+{common.markdown_table(style_header, style_rows)}
 
 SAO's explained variance, mean over seeds and all steps: {ev_sao:.2f} (the reward turns on the
 last token, the style, which a critic reading the prefix cannot foresee; the correct-answer part

@@ -1,7 +1,7 @@
 """Generates the reference pages ``docs/config.md`` and ``docs/metrics.md``.
 
     python -m sao_jax.docs_gen            # rewrite both pages
-    python -m sao_jax.docs_gen --check    # exit 1 if a page is out of date (the test suite runs this)
+    python -m sao_jax.docs_gen --check    # exit 1 if a page is out of date (the tests run this)
 
 The config reference comes from the field declarations of ``sao_jax/roles.py`` (default,
 allowed values, doc), then each ``configs/*.py`` with the fields it changes from the defaults
@@ -158,7 +158,8 @@ PAGES = {"docs/config.md": render_config_docs, "docs/metrics.md": render_metrics
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m sao_jax.docs_gen", description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m sao_jax.docs_gen",
+                                   description=__doc__.split("\n")[0])
   parser.add_argument("--check", action="store_true", help="only check that the pages are current")
   args = parser.parse_args(argv)
   stale = []

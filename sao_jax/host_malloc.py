@@ -38,7 +38,8 @@ def keep_freed_memory() -> bool:
     return False
   try:
     libc = ctypes.CDLL(None)
-    libc.gnu_get_libc_version  # pylint: disable=pointless-statement  (glibc only, not musl)
+    if not hasattr(libc, "gnu_get_libc_version"):  # glibc only, not musl
+      return False
     mallopt = libc.mallopt
   except (OSError, AttributeError):
     return False

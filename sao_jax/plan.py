@@ -176,7 +176,7 @@ def model_config(config, model: str = "", layers: int = 0):
   if model:
     mcfg = presets.get_preset(model, **kw)
   elif pretrained.source(m) == "hf":
-    mcfg = hf.config_from_hf(hf.read_hf_config(m.checkpoint_dir), **kw)
+    mcfg = hf.config_from_hf(hf.read_hf_config(pretrained.checkpoint_dir(m)), **kw)
   elif pretrained.source(m) == "gguf":
     raise ValueError("--model is needed with model.gguf (the plan reads no GGUF file): give a "
                      "preset name from sao_jax/models/presets.py, e.g. --model=smollm2-135m.")
@@ -389,13 +389,32 @@ def learner_programs(config, mcfg, mesh, keys: Sequence[str] = LEARNER_PROGRAMS,
   return out, info
 
 
+def routed_flops_equivalent(mcfg):
+  """A model config with the FLOPs of ``mcfg``'s routed MoE, for counting them by tracing.
+
+  XLA:CPU lowers ``jax.lax.ragged_dot`` to a masked dense product over every expert, so tracing
+  a routed MoE on CPU counts all ``n_experts`` experts for every token. When every layer is a
+  MoE layer this returns the dense model whose SwiGLU MLP is ``n_experts_per_tok * moe_d_ff``
+  wide: each token then multiplies by as many weights as its k routed experts hold together,
+  forward and backward (2 N k D F FLOPs per projection). The router's ``[d_model, n_experts]``
+  matmul is left out (for Qwen3-30B-A3B, 128 / (3 x 8 x 768), under 1% of the experts' FLOPs).
+  Dense models, and models mixing dense and MoE layers (whose two MLP widths one dense config
+  cannot hold), are returned unchanged."""
+  moe = tuple(getattr(mcfg, "moe_layers", ()))
+  if not moe or len(moe) != mcfg.n_layers:
+    return mcfg
+  return dataclasses.replace(mcfg, d_ff=mcfg.n_experts_per_tok * mcfg.moe_d_ff, moe_layers=(),
+                             n_experts=0, n_experts_per_tok=0, moe_d_ff=0)
+
+
 def learner_flops(config, mcfg, rows: int = 0) -> dict[str, float]:
   """Model FLOPs of each learner step on the whole batch of ``rows`` rows (default: the plan
   for one device): {"targets", "critic", "policy"} (one call each; "critic" absent for a
   critic-free estimator).
 
   Counted by XLA's cost analysis of the steps as traced (``Lowered.cost_analysis`` on one CPU
-  device: seconds, nothing compiled), at full depth, with one micro-batch and one mini-batch --
+  device: seconds, nothing compiled), at full depth, without remat (its recomputed forward is
+  not model FLOPs), a routed MoE as its routed FLOPs (``routed_flops_equivalent``), with one micro-batch and one mini-batch --
   the cost analysis counts a loop body once, and micro-batching does not change the arithmetic
   (the old-policy forward of ``train.policy_minibatches`` > 1 is left out). Per chip, the slice
   divides these by its chip count (the model-FLOPs convention of MFU: compute a partitioning
@@ -403,8 +422,10 @@ def learner_flops(config, mcfg, rows: int = 0) -> dict[str, float]:
   import jax  # pylint: disable=import-outside-toplevel
   from sao_jax.train import sharding  # pylint: disable=import-outside-toplevel
 
-  if "scan_layers" in {f.name for f in dataclasses.fields(mcfg)}:  # a scan counts as one layer
-    mcfg = dataclasses.replace(mcfg, scan_layers=False)
+  if "scan_layers" in {f.name for f in dataclasses.fields(mcfg)}:
+    # a scan counts as one layer; remat's recomputed forward is not model FLOPs
+    mcfg = dataclasses.replace(mcfg, scan_layers=False, remat="none")
+  mcfg = routed_flops_equivalent(mcfg)
   mesh = sharding.make_mesh({"data": 1}, devices=jax.devices("cpu")[:1])
   st = _abstract_steps(config, mcfg, mesh, micro=1, rows=rows, policy_minibatches=1)
   learner, (targets_fn, critic_fn, policy_fn, _, first_fn) = st.learner, st.fns

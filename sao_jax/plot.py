@@ -285,7 +285,8 @@ def write_dashboard(run_dir: str, out: Optional[str] = None, dpi: int = 100) -> 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m sao_jax.plot", description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m sao_jax.plot",
+                                   description=__doc__.split("\n")[0])
   parser.add_argument("run_dir", help="run folder holding metrics.jsonl (e.g. runs/arith_tool)")
   parser.add_argument("--out", default=None, help="PNG path (default RUN_DIR/plots/dashboard.png)")
   parser.add_argument("--dpi", type=int, default=100)

@@ -5,6 +5,8 @@ checkpoint folders and GGUF files.
 (safetensors + ``tokenizer.json``); without one it is a sao_jax orbax run checkpoint (handled by
 ``sao_jax.train.checkpoint``). ``model.gguf`` ("" / a ``.gguf`` path / ``"smollm2"``) selects a
 llama.cpp GGUF file instead. The tokenizer then comes from the same source.
+``model.checkpoint_dir`` may also be a Hugging Face hub id (``Qwen/Qwen3-0.6B``), resolved to its
+snapshot in the hub cache by ``checkpoint_dir`` (``sao_jax.hub``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import os
 from typing import Optional
 
-from sao_jax import roles
+from sao_jax import hub, roles
 from sao_jax.models.transformer import ModelConfig
 from sao_jax.data.hf_tokenizer import HFTokenizer
 from sao_jax.models import gguf_loader, hf
@@ -38,13 +40,20 @@ def is_run_folder(path: str) -> bool:
   return isinstance(conf, dict) and "train" in conf and "rollout" in conf
 
 
+def checkpoint_dir(m: roles.Model) -> str:
+  """``model.checkpoint_dir`` as a local folder: a Hugging Face hub id is resolved to its
+  snapshot in the hub cache (``hub.resolve_checkpoint_dir``; raises FileNotFoundError naming the
+  field when it is neither a folder nor cached offline); "" and folders are returned as given."""
+  return hub.resolve_checkpoint_dir(m.checkpoint_dir)
+
+
 def source(m: roles.Model) -> str:
   """"gguf", "hf", "orbax" or "random": where ``run.model``'s policy comes from."""
   if m.gguf:
     return "gguf"
   if m.checkpoint_dir:
-    hf = (os.path.isfile(os.path.join(m.checkpoint_dir, "config.json"))
-          and not is_run_folder(m.checkpoint_dir))
+    path = checkpoint_dir(m)
+    hf = os.path.isfile(os.path.join(path, "config.json")) and not is_run_folder(path)
     return "hf" if hf else "orbax"
   return "random"
 
@@ -55,7 +64,7 @@ def load_tokenizer(m: roles.Model):
   if kind == "gguf":
     return HFTokenizer.from_gguf(m.gguf)
   if kind == "hf":
-    return HFTokenizer.from_pretrained(m.checkpoint_dir)
+    return HFTokenizer.from_pretrained(checkpoint_dir(m))
   return None
 
 
@@ -93,7 +102,7 @@ def load_model(m: roles.Model, mesh=None) -> Optional[tuple]:
       shardings = _param_shardings(gguf_loader.config_from_gguf(reader, **kw), mesh)
     loaded = load_gguf(m.gguf, shardings=shardings, **kw)
   elif kind == "hf":
-    path = m.checkpoint_dir
+    path = checkpoint_dir(m)
     if mesh is not None:
       shardings = _param_shardings(hf.config_from_hf(hf.read_hf_config(path), **kw), mesh)
     loaded = load_hf_checkpoint(path, shardings=shardings, **kw)

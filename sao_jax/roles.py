@@ -119,7 +119,8 @@ class Model:
   """The policy (and critic backbone) model."""
   checkpoint_dir: str = _f("", "policy to start from: a sao_jax orbax run checkpoint, or a "
                            "Hugging Face folder (config.json + safetensors + tokenizer.json; its "
-                           "shapes and tokenizer then replace the fields below)")
+                           "shapes and tokenizer then replace the fields below) or hub id "
+                           "('Qwen/Qwen3-0.6B', read from the hub cache, offline too)")
   gguf: str = _f("", "llama.cpp GGUF file to start from ('smollm2' = packaged SmolLM2)")
   param_dtype: str = _f("float32", "stored / served parameter dtype (checkpoint load, random "
                         "init, published weights); the learner trains a float32 master",

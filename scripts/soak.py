@@ -208,7 +208,8 @@ def main():
       "prompts_consumed": len(positions),
       "checkpoint_step": meta.get("step"),
       "checkpoint_cursor_matches_ledger": set(upto) == (
-          set(range(meta.get("ledger", {}).get("low", 0))) | set(meta.get("ledger", {}).get("extra", []))),
+          set(range(meta.get("ledger", {}).get("low", 0)))
+          | set(meta.get("ledger", {}).get("extra", []))),
       "env_errors_last_incarnation": max((m.get("env_errors_total", 0) or 0 for m in train),
                                          default=0),
       "failed_trajectories_total": sum(m.get("failed", 0) or 0 for m in train),

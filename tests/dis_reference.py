@@ -95,7 +95,7 @@ def dis_policy_loss(
   `advantages` and `rollout_logprobs` are under `stop_gradient`.
 
   Source: SAO paper, Eq. 1-3 (DIS); token-mean aggregation is the project
-  default (see DESIGN.md).
+  default (``docs/method.md``).
 
   Args:
     logprobs: log pi_theta of the sampled tokens, `[B, T]`, float (bf16 ok).

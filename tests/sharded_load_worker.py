@@ -18,6 +18,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
@@ -27,6 +28,7 @@ from sao_jax import build, configs, roles  # noqa: E402
 from sao_jax.models import hf, presets  # noqa: E402
 from sao_jax.models.transformer import Transformer  # noqa: E402
 from sao_jax.train import sharding  # noqa: E402
+import sharding_helpers as H  # noqa: E402
 
 MESH = "fsdp=2,tensor=2,expert=2"
 # the Qwen3-MoE preset widened so that the replicated norms are a small part of the bytes
@@ -69,7 +71,7 @@ def main(ckpt, out_path):
     arr = original(shape, s, callback, *args, **kwargs)
     log["placed"] += 1
     log["max_array_device_bytes"] = max(log["max_array_device_bytes"],
-                                        max(sharding.bytes_per_device([arr]).values()))
+                                        max(H.bytes_per_device([arr]).values()))
     log["max_device_bytes"] = max(log["max_device_bytes"], max(live_bytes_per_device().values()))
     return arr
 
@@ -83,15 +85,15 @@ def main(ckpt, out_path):
   mesh = build.make_mesh(config.mesh)
   policy = build.build_policy(config, task=None, mesh=mesh)
   load = dict(log)
-  total = sharding.total_bytes(policy.params)
-  per_device = sharding.bytes_per_device(policy.params)
+  total = H.total_bytes(policy.params)
+  per_device = H.bytes_per_device(policy.params)
   want = sharding.param_shardings(policy.params, mesh)
   same_shardings = all(x.sharding == s for x, s in zip(jax.tree.leaves(policy.params),
                                                        jax.tree.leaves(want)))
 
   # the same checkpoint on one device, the pre-existing path
   _, ref = hf.load_hf_checkpoint(ckpt, max_seq_len=32, dtype="bfloat16", param_dtype="bfloat16")
-  one_device = max(sharding.bytes_per_device(ref).values()) / total
+  one_device = max(H.bytes_per_device(ref).values()) / total
   ref = {k: np.asarray(v) for k, v in flat(ref).items()}
   got = {k: np.asarray(v) for k, v in flat(policy.params).items()}
   values_equal = got.keys() == ref.keys() and all(
@@ -115,7 +117,7 @@ def main(ckpt, out_path):
   learner_same_shardings = all(
       a.sharding.spec == b.sharding.spec for a, b in
       zip(jax.tree.leaves(learner.policy.params), jax.tree.leaves(policy.params)))
-  states = sharding.bytes_per_device([learner.states()])
+  states = H.bytes_per_device([learner.states()])
   json.dump({
       "devices": jax.device_count(), "files": len(files), "total_bytes": total,
       "tensors_placed": load["placed"],

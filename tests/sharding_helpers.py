@@ -97,3 +97,17 @@ def max_abs_diff(a, b) -> float:
   diffs = jax.tree.map(lambda x, y: float(np.max(np.abs(np.asarray(x, np.float64)
                                                          - np.asarray(y, np.float64)))), a, b)
   return max(jax.tree.leaves(diffs))
+
+
+def bytes_per_device(tree) -> dict:
+  """Bytes each device holds of a pytree of jax Arrays (from ``addressable_shards``)."""
+  out: dict = {}
+  for leaf in jax.tree.leaves(tree):
+    for shard_ in leaf.addressable_shards:
+      out[shard_.device] = out.get(shard_.device, 0) + shard_.data.nbytes
+  return out
+
+
+def total_bytes(tree) -> int:
+  """Bytes of one full copy of a pytree (shapes x itemsize)."""
+  return int(sum(np.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))

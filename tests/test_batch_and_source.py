@@ -127,6 +127,7 @@ def _source(problems, **kw):
   return ledger, ThreadSource(engine, _Env(), ledger, nnx.to_pure_dict(params), 0, **args), params
 
 
+@pytest.mark.slow
 def test_groups_arrive_whole_and_every_prompt_is_consumed_once(tmp_path):
   problems = [Problem(f"p{i}", "x", "1") for i in range(50)]
   ledger, src, _ = _source(problems, group_size=2, run_dir=str(tmp_path))
@@ -171,6 +172,7 @@ def test_drop_policy_reports_generated_trained_and_dropped_lengths():
   assert n_gen == len(src.lengths.trained) + len(src.lengths.dropped) + pending
 
 
+@pytest.mark.slow
 def test_lockstep_delay_samples_with_the_weights_of_version_minus_d_in_groups():
   """rollout.lockstep_delay = 2 with groups of 2: the batch trained at version v is sampled with
   the weights published at max(0, v - 2) -- the version recorded per token, and the recorded

@@ -14,6 +14,8 @@ import tempfile
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here is slow (see pyproject's `slow` marker)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
 

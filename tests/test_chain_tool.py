@@ -176,9 +176,11 @@ def test_make_task_and_config_validate():
   assert not {p.prompt for p in task.train_problems} & {p.prompt for p in task.eval_problems}
 
 
+@pytest.mark.slow
 def test_smoke_config_runs_end_to_end(tmp_path):
   env = dict(os.environ, PYTHONUNBUFFERED="1")
-  proc = subprocess.run([sys.executable, "-m", "sao_jax.main", "--config=configs/chain_tool.py:smoke",
+  proc = subprocess.run([sys.executable, "-m", "sao_jax.main",
+                         "--config=configs/chain_tool.py:smoke",
                          f"--config.run_dir={tmp_path}", "--config.log.progress=off"],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
                         check=False)

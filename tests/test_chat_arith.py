@@ -66,6 +66,7 @@ def test_grading_of_scripted_responses(env):
   assert reward("The answer is \\boxed{}.") == 0.0
 
 
+@pytest.mark.slow
 @needs_smollm2
 def test_task_from_the_config():
   c = roles.from_config(configs.load("smollm2_arith"))

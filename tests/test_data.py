@@ -57,7 +57,8 @@ def test_tokenizer_unknown_and_out_of_range():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(list(VOCAB_CHARS) + list(SPECIAL_TOKENS)), max_size=60).map("".join))
+@given(st.lists(st.sampled_from(list(VOCAB_CHARS) + list(SPECIAL_TOKENS)),
+                max_size=60).map("".join))
 def test_tokenizer_roundtrip_property(text):
     assert TOK.decode(TOK.encode(text)) == text
 

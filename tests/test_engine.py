@@ -47,6 +47,7 @@ def _recompute(model, traj, temperature):
   return np.asarray(token_logprobs(logits, tokens, temperature))[0]
 
 
+@pytest.mark.slow
 def test_multi_turn_rollout_logprobs_equal_recomputed():
   """Engine log-probs (with observation chunks prefilled onto the KV cache) match a full forward
   pass over the whole trajectory, at the sampling temperature."""
@@ -74,8 +75,9 @@ def test_weight_update_mid_trajectory_records_versions():
   params2 = jax.tree.map(lambda x: x * 1.5, params)
   store = WeightStore(params, 0)
   out = []
-  worker = RolloutWorker(engine, EchoEnv(), iter([P("0", [11, 12])]), lambda t: out.append(t) or True,
-                         store, stop_ids=(), max_new_tokens=8, max_seq_len=CFG.max_seq_len)
+  worker = RolloutWorker(engine, EchoEnv(), iter([P("0", [11, 12])]),
+                         lambda t: out.append(t) or True, store, stop_ids=(), max_new_tokens=8,
+                         max_seq_len=CFG.max_seq_len)
   for _ in range(3):
     worker.step()
   store.publish(params2, 1)
@@ -151,6 +153,7 @@ def _assert_greedy_equals_full_forward(model, prompt, seq, lps):
   np.testing.assert_allclose(lps, logp[np.arange(len(want)), want], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_greedy_slots_across_live_length_buckets_equal_full_forward():
   """Slots at different lengths decode greedily through several live-length buckets
   (kv_bucket=8: 8, 16, then the whole cache); every slot's tokens and log-probs equal those of
@@ -208,6 +211,7 @@ def test_prefill_chunk_past_the_cache_end_drops_the_padding():
   np.testing.assert_allclose(float(prefix.logprob), logp.max(), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_batched_prefill_and_multi_step_decode_equal_the_one_at_a_time_path():
   """``prefill_insert`` (3 prompts of different lengths in one call, slots 2, 0, 3) followed by
   ``generate_steps`` (7 + 7 steps, crossing live-length buckets) gives, greedily, the tokens and
@@ -246,6 +250,7 @@ def test_batched_prefill_and_multi_step_decode_equal_the_one_at_a_time_path():
   np.testing.assert_allclose(lp, np.stack([l for _, l in one], 1), atol=1e-5)
 
 
+@pytest.mark.slow
 def test_prefill_insert_appends_an_observation_in_place_equal_to_a_full_forward():
   """Greedy: two slots decode 6 tokens each in one ``generate_steps`` call; slot 1's turn
   "ended" after its 3rd token, so an observation chunk [ended token, 6, 7, 8, 9] is appended at

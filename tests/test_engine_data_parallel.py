@@ -2,12 +2,15 @@
 same tokens and log-probs as the engine on one device, a multi-turn rollout gives the same
 trajectories, and the decode step needs no communication between the devices."""
 
+import pytest
 import json
 import os
 import subprocess
 import sys
 
 from conftest import with_test_xla_flags  # tests/conftest.py
+
+pytestmark = pytest.mark.slow  # every test here is slow (see pyproject's `slow` marker)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -292,7 +292,8 @@ def test_arith_wrong_box_and_no_box():
 
 def test_arith_tool_errors():
     env = ArithToolEnv(TOK)
-    for action in ["<tool>__import__('os')</tool>", "<tool>2**99</tool>", "<tool></tool>", "347*29</tool>"]:
+    for action in ["<tool>__import__('os')</tool>", "<tool>2**99</tool>", "<tool></tool>",
+                   "347*29</tool>"]:
         s = env.step(PROB, 0, enc(action))
         assert not s.done
         assert TOK.decode(s.observation_ids) == "<obs>error</obs>"
@@ -435,7 +436,8 @@ def test_train_eval_disjoint():
     assert all(split_of(problem_expression(p)) == "eval" for p in ev)
     assert all(split_of(problem_expression(p)) == "train" for p in train)
     # disjoint across seeds too (hash partition of the problem space)
-    assert not {p.prompt for p in make_problems(500, seed=5, split="train")} & {p.prompt for p in ev}
+    train = {p.prompt for p in make_problems(500, seed=5, split="train")}
+    assert not train & {p.prompt for p in ev}
 
 
 # -------------------------------------------------------------------- MathEnv

@@ -86,6 +86,7 @@ def _eval_cli(*args, timeout=300):
                         capture_output=True, text=True, timeout=timeout, check=False)
 
 
+@pytest.mark.slow
 def test_cli_scripted_model_gives_exact_pass_at_k(tmp_path):
   """The scripted model always answers problems 0, 2, 3 correctly, never 1 and 4, and problem 5
   on 1 of its 4 samples: pass@1 = 3.25/6, pass@2 = (3 + 1/2)/6, pass@4 = 4/6 exactly."""
@@ -116,6 +117,7 @@ def test_cli_scripted_model_gives_exact_pass_at_k(tmp_path):
   assert "pass@1" in proc.stdout and "54.17%" in proc.stdout  # 3.25 / 6
 
 
+@pytest.mark.slow
 def test_cli_engine_path_runs_a_model(tmp_path):
   """Sampling through the trainer's engine path (random tiny model: every answer wrong)."""
   out = tmp_path / "r.json"
@@ -128,12 +130,13 @@ def test_cli_engine_path_runs_a_model(tmp_path):
   assert 0.0 <= s["pass@1"]["mean"] <= s["pass@2"]["mean"] <= 1.0
 
 
+@pytest.mark.slow
 def test_cli_rejects_top_p():
   proc = _eval_cli("--config=configs/aime.py", "--top_p=0.9", timeout=120)
   assert proc.returncode != 0 and "top_p" in proc.stderr
 
 
-# ---- the paper's protocol -------------------------------------------------------------------------
+# ---- the paper's protocol ----------------------------------------------------------------------
 def test_protocol_table_hand_values():
   t, f = True, False
   s = ev.summarize({"a": [t, t, f, f], "b": [t, f, f, f]}, [1])  # 3/8 = 37.5%
@@ -146,6 +149,7 @@ def test_protocol_table_hand_values():
                               "1.50", "2.25"]
 
 
+@pytest.mark.slow
 def test_cli_paper_protocol_on_a_tiny_random_model(tmp_path):
   """--protocol=paper: the four benchmarks, 16/16/4/16 samples per problem (here 1 problem each),
   multi-turn tir_math episodes through the engine, the per-benchmark table printed."""
@@ -169,6 +173,7 @@ def test_cli_paper_protocol_on_a_tiny_random_model(tmp_path):
     assert any(l.startswith(title) for l in proc.stdout.splitlines()), title
 
 
+@pytest.mark.slow
 def test_cli_paper_protocol_fixes_the_temperature():
   proc = _eval_cli("--config=configs/aime.py:smoke", "--protocol=paper", "--temperature=0.6",
                    timeout=120)

@@ -88,7 +88,8 @@ def test_style_task_over_chain_tool_styles_demos_and_grades_eval_without_style()
   (correctness only, it does not advance the phase counter)."""
   from sao_jax import configs, roles, tasks  # pylint: disable=import-outside-toplevel
   c = configs.load("chain_tool")
-  c.task.name, c.task.style_base, c.task.n_train, c.sft.num_demos = "style_switch", "chain_tool", 60, 60
+  c.task.name, c.task.style_base = "style_switch", "chain_tool"
+  c.task.n_train, c.sft.num_demos = 60, 60
   t = tasks.make_task(roles.from_config(c))
   base = configs.load("chain_tool")
   base.task.n_train, base.sft.num_demos = 60, 60
@@ -144,6 +145,7 @@ def test_throughput_quick(tmp_path):
     assert thr[("lognormal/async", seed)] <= thr[("lognormal/ideal", seed)] * 1.0001
 
 
+@pytest.mark.slow
 def test_training_experiments_quick(tmp_path):
   """stability (both arms at a fixed delay of 2), ablations (the running-mean arm, 12 steps on
   a pool of 32 prompts at batch 8), overshoot (one remedy), online: the tiny model, in one

@@ -67,6 +67,7 @@ def test_guarded_env_refuses_a_reward_that_is_not_one_real_number_naming_the_fie
       GuardedEnv(_Env(behaviour), timeout_s=5).step(P, 0, [2])
 
 
+@pytest.mark.slow
 def test_worker_records_env_faults_as_failed_trajectories_and_counts_them():
   from sao_jax.data.tokenizer import CharTokenizer
   from sao_jax.envs.arith_tool import ArithToolEnv, make_problems
@@ -117,6 +118,7 @@ def test_nonfinite_guard_skips_then_stops_after_n_in_a_row():
   assert g.total == 4
 
 
+@pytest.mark.slow
 def test_full_disk_on_checkpoint_is_a_clear_error_and_the_previous_one_survives(tmp_path):
   mnt = tmp_path / "small"
   mnt.mkdir()

@@ -12,8 +12,11 @@ import torch
 from flax import nnx
 
 from sao_jax.models import hf
-from sao_jax.models.transformer import (ModelConfig, Transformer, default_positions,
-                                        greedy_generate, rope_frequencies)
+from sao_jax.models.transformer import (Transformer, default_positions,
+                                        rope_frequencies)
+from model_oracles import forward_with_aux, greedy_generate
+
+pytestmark = pytest.mark.slow  # every test here is slow (see pyproject's `slow` marker)
 
 transformers = pytest.importorskip("transformers")
 
@@ -119,9 +122,9 @@ def test_moe_load_balancing_loss_matches_transformers(tmp_path):
   with torch.no_grad():
     out = ref(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask),
               output_router_logits=True)
-  _, aux = _merge(cfg, params).forward_with_aux(jnp.asarray(tokens, jnp.int32),
-                                                 default_positions(jnp.asarray(tokens)),
-                                                 attention_mask=jnp.asarray(mask))
+  _, aux = forward_with_aux(_merge(cfg, params), jnp.asarray(tokens, jnp.int32),
+                            default_positions(jnp.asarray(tokens)),
+                            attention_mask=jnp.asarray(mask))
   assert aux["router_logits"].shape == (2, 3, 11, 6)
   np.testing.assert_allclose(float(aux["load_balancing_loss"]), float(out.aux_loss), rtol=1e-5)
   np.testing.assert_allclose(np.asarray(aux["router_logits"][0]),

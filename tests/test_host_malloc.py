@@ -5,6 +5,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here is slow (see pyproject's `slow` marker)
+
 SCRIPT = r"""
 import resource, sys
 from sao_jax import host_malloc

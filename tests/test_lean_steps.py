@@ -20,7 +20,7 @@ import pytest
 from flax import nnx
 
 from sao_jax.models import presets
-from sao_jax.models.transformer import Critic, Transformer, default_positions
+from sao_jax.models.transformer import Transformer, default_positions
 from sao_jax.train import optim, steps
 from sao_jax.train.batch import Batch, build_batch
 from sao_jax.train.learner import Learner, _to_host
@@ -57,6 +57,7 @@ def _assert_trees_close(got, want, tol=TOL):
                                                  float(np.abs(a - b).max()), scale)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 def test_chunked_logprobs_and_entropy_equal_the_full_computation(tie):
   """Values at the needed positions (0 elsewhere) and gradients w.r.t. every parameter equal the
@@ -98,6 +99,7 @@ def test_chunked_logprobs_and_entropy_equal_the_full_computation(tie):
   _assert_trees_close(metric_grads, logp_grads, tol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
 def test_chunked_logprobs_in_bfloat16(tie):
   """bfloat16 params and compute: the chunked path gives the full path's log-probs (the same
@@ -170,6 +172,7 @@ def _batch(seed=0):
     dict(),
     dict(entropy_coef=0.1, kl=True, microbatches=2, minibatches=2, objective="ppo_clip"),
 ], ids=["dis", "entropy_kl_micro_mini"])
+@pytest.mark.slow
 def test_policy_update_equals_the_full_logits_path(setting):
   """One policy update (DIS; PPO with an entropy bonus, a KL term, 2 micro-batches and 2
   mini-batches): loss, every metric and the updated params equal ``logprob_chunk=0``."""
@@ -202,6 +205,7 @@ def test_policy_update_equals_the_full_logits_path(setting):
              for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(pp))) > 1e-4
 
 
+@pytest.mark.slow
 def test_compiled_policy_step_never_holds_the_full_logits():
   """Temp bytes of one compiled policy step (XLA's ``memory_analysis``) at B x T = 8 x 64 and a
   8192-token vocabulary: the chunked path (64 tokens per chunk) saves more than one float32
@@ -223,6 +227,7 @@ def test_compiled_policy_step_never_holds_the_full_logits():
   assert temp[0] - temp[64] > rows * length * 8192 * 4, temp
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("microbatches", [1, 2])
 def test_frozen_leaves_are_not_differentiated(microbatches):
   """``critic_update`` with the optimizer's frozen patterns gives the same updated params as
@@ -263,6 +268,7 @@ def test_frozen_leaves_are_not_differentiated(microbatches):
     (1, dict()),
     (2, dict(value_bounds=(0.0, 1.0), center_advantages=True, bootstrap_truncated=True)),
 ], ids=["plain", "micro_bounds_centred"])
+@pytest.mark.slow
 def test_targets_and_first_critic_update_share_one_forward(microbatches, extra):
   """``targets_and_critic_update`` = ``advantage_targets`` then ``critic_update`` (value
   clipping on): same targets, metrics and updated critic."""
@@ -287,6 +293,7 @@ def test_targets_and_first_critic_update_share_one_forward(microbatches, extra):
   _assert_trees_close(state.params, ref_state.params)
 
 
+@pytest.mark.slow
 def test_learner_step_equals_the_unshared_full_path():
   """``Learner.step`` (targets inside the first critic update, chunked log-probs) against the
   same learner run the old way on ``logprob_chunk=0``: targets, then K = 2 critic updates, then

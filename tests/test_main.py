@@ -15,6 +15,8 @@ from flax import nnx
 from sao_jax.models.transformer import ModelConfig, Transformer
 from sao_jax.train.checkpoint import load_policy_params
 
+pytestmark = pytest.mark.slow  # every test here is slow (see pyproject's `slow` marker)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -52,6 +52,7 @@ _SHARED_KEYS = ("masked_fraction", "masked_fraction_low", "masked_fraction_high"
                 "advantage_mean", "advantage_std", "policy_grad_norm", "staleness_max")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", modes.MODES)
 def test_every_mode_runs_and_logs_the_shared_metrics(mode_runs, mode):
   recs = mode_runs[mode]
@@ -71,6 +72,7 @@ def test_every_mode_runs_and_logs_the_shared_metrics(mode_runs, mode):
     assert all(abs(r["advantage_mean"]) < 0.5 for r in recs)
 
 
+@pytest.mark.slow
 def test_grpo_sync_waits_at_the_batch_barrier(mode_runs):
   recs = mode_runs["grpo_sync"]
   for prev, cur in zip(recs, recs[1:]):
@@ -82,6 +84,7 @@ def test_grpo_sync_waits_at_the_batch_barrier(mode_runs):
     assert r["staleness_max"] == 0.0
 
 
+@pytest.mark.slow
 def test_sao_and_grpo_async_do_not_wait(mode_runs):
   for mode in ("sao", "grpo_async"):
     recs = mode_runs[mode]

@@ -37,6 +37,7 @@ from sao_jax.models.transformer import (Critic, Transformer, default_positions, 
                                         load_balancing_loss, moe_dense, moe_routed)
 from sao_jax.train import steps
 from sao_jax.train.batch import Batch
+from model_oracles import forward_with_aux
 
 TOL = 1e-5
 CFG = presets.get_preset("tiny-qwen3-moe", vocab_size=64, d_model=32, n_layers=2, head_dim=16,
@@ -200,7 +201,7 @@ def test_policy_and_critic_steps_add_router_aux_loss():
   (pm0, cm0), (pm1, cm1), (pm2, _) = out[0.0, 1], out[0.5, 1], out[0.5, 2]
   assert "router_aux_loss" not in pm0 and "critic_router_aux_loss" not in cm0
   # the policy's aux loss is Hugging Face's formula over the action tokens
-  _, aux = nnx.merge(pg, pp).forward_with_aux(batch.tokens, default_positions(batch.tokens))
+  _, aux = forward_with_aux(nnx.merge(pg, pp), batch.tokens, default_positions(batch.tokens))
   lb = float(pm1["router_aux_loss"])
   want = load_balancing_loss(aux["router_logits"], CFG.n_experts_per_tok, mask)
   np.testing.assert_allclose(lb, float(want), rtol=1e-5)
@@ -262,6 +263,7 @@ def _sharded_worker(out_path):
     json.dump(result, f)
 
 
+@pytest.mark.slow
 def test_expert_sharded_routed_equals_one_device(tmp_path):
   from conftest import with_test_xla_flags
   out = tmp_path / "moe.json"

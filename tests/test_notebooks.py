@@ -2,6 +2,7 @@
 colab/tpu_gpu.ipynb (not executed: needs an accelerator and a checkpoint) is valid and its code
 cells parse."""
 
+import pytest
 import ast
 import json
 import os
@@ -18,6 +19,7 @@ def _code(nb):
   return [c for c in nb.cells if c.cell_type == "code"]
 
 
+@pytest.mark.slow
 def test_quickstart_runs_in_quick_mode(tmp_path, monkeypatch):
   nb = nbformat.read(os.path.join(ROOT, "colab", "quickstart.ipynb"), as_version=4)
   run_dir = tmp_path / "run"

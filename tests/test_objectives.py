@@ -13,6 +13,7 @@ import pytest
 
 from sao_jax import algo
 
+import advantage_oracles  # GRPO and running-mean formulas (tests/advantage_oracles.py)
 import dis_reference  # the first DIS loss, a test oracle (tests/dis_reference.py)
 
 OBJ = algo.OBJECTIVES
@@ -140,9 +141,10 @@ def test_estimators_hand_worked():
     (skip-observation would give t1: .4 - .2 + .6 = .8 too at lam=1 -- so use lam=.5:
      naive t3 = -.4+.5+.5*.5... see the numbers below, derived by the same recursion).
   Bootstrap: one action, r=0, V=.3, bootstrap .5: A = .5 - .3 = .2, R = .5."""
-  np.testing.assert_allclose(algo.grpo_advantages(np.array([[1, 0, 0, 1], [1, 1, 1, 1]])),
-                             [[1, -1, -1, 1], [0, 0, 0, 0]], atol=1e-5)
-  np.testing.assert_allclose(algo.grpo_advantages(np.array([[1.0, 0, 0, 1]]), False),
+  np.testing.assert_allclose(
+      advantage_oracles.grpo_advantages(np.array([[1, 0, 0, 1], [1, 1, 1, 1]])),
+      [[1, -1, -1, 1], [0, 0, 0, 0]], atol=1e-5)
+  np.testing.assert_allclose(advantage_oracles.grpo_advantages(np.array([[1.0, 0, 0, 1]]), False),
                              [[0.5, -0.5, -0.5, 0.5]])
   r = np.array([[0, 0, 0, 0, 0, 1.0]])
   v = np.array([[0.1, 0.2, 9.0, 0.4, 0.5, 0.6]])
@@ -170,8 +172,9 @@ def test_estimators_hand_worked():
   adv, ret = algo.skip_observation_gae(np.zeros((1, 1)), np.array([[0.3]]), np.ones((1, 1)),
                                        1.0, 0.9, bootstrap_value=np.array([0.5]))
   np.testing.assert_allclose([adv[0, 0], ret[0, 0]], [0.2, 0.5], rtol=1e-6)
-  np.testing.assert_allclose(algo.broadcast_to_tokens(np.array([2.0, -1.0]), m[[0, 0]] * [[1], [0]]),
-                             [[0, 2, 0, 2, 2, 0], [0] * 6])
+  np.testing.assert_allclose(
+      algo.broadcast_to_tokens(np.array([2.0, -1.0]), m[[0, 0]] * [[1], [0]]),
+      [[0, 2, 0, 2, 2, 0], [0] * 6])
 
 
 # ---- 2. slow NumPy reference + hypothesis properties -------------------------------------------
@@ -219,6 +222,7 @@ _SETTINGS = hypothesis.settings(max_examples=15, deadline=None, database=None,
                                 suppress_health_check=[hypothesis.HealthCheck.too_slow])
 
 
+@pytest.mark.slow
 @_SETTINGS
 @hypothesis.given(_batch(), st.sampled_from(sorted(OBJ)))
 def test_matches_numpy_reference_and_masking_invariance(batch, name):
@@ -237,6 +241,7 @@ def test_matches_numpy_reference_and_masking_invariance(batch, name):
     assert all(np.isfinite(float(v)) for v in met2.values())
 
 
+@pytest.mark.slow
 @_SETTINGS
 @hypothesis.given(_batch(), st.sampled_from(sorted(OBJ)))
 def test_zero_advantage_gives_zero_gradient(batch, name):
@@ -246,6 +251,7 @@ def test_zero_advantage_gives_zero_gradient(batch, name):
   np.testing.assert_array_equal(g, 0.0)
 
 
+@pytest.mark.slow
 @_SETTINGS
 @hypothesis.given(_batch())
 def test_dis_with_infinite_band_is_plain_is_and_ppo_equals_dis_inside_the_band(batch):
@@ -255,7 +261,8 @@ def test_dis_with_infinite_band_is_plain_is_and_ppo_equals_dis_inside_the_band(b
     r = np.exp(lp - rlp)
     np.testing.assert_allclose(f_dis(lp), -(r * adv)[mask].sum() / max(mask.sum(), 1),
                                rtol=1e-9, atol=1e-12)
-    np.testing.assert_allclose(jax.grad(f_dis)(lp), np.where(mask, -r * adv, 0) / max(mask.sum(), 1),
+    np.testing.assert_allclose(jax.grad(f_dis)(lp),
+                               np.where(mask, -r * adv, 0) / max(mask.sum(), 1),
                                rtol=1e-9, atol=1e-12)
     # PPO clip with old = rollout and a band containing every ratio is DIS (same sign conventions).
     lo, hi = 1 - min(r.min(), 1) + 0.5, r.max() + 0.5
@@ -273,6 +280,7 @@ def test_dis_with_infinite_band_is_plain_is_and_ppo_equals_dis_inside_the_band(b
 @_SETTINGS
 @hypothesis.given(st.integers(1, 8), st.integers(0, 4), st.floats(0, 1), st.floats(0, 1),
                   st.integers(0, 10**6))
+@pytest.mark.slow
 def test_estimator_properties(n, pad, gamma, lam, seed):
   rng = np.random.default_rng(seed)
   r = rng.normal(size=(2, n + pad))
@@ -291,7 +299,7 @@ def test_estimator_properties(n, pad, gamma, lam, seed):
     for red in ("mean", "last"):
       np.testing.assert_allclose(algo.step_level_gae(r, v, m2, gamma, lam, red), skip,
                                  rtol=1e-9, atol=1e-12)
-    g = algo.grpo_advantages(r)
+    g = advantage_oracles.grpo_advantages(r)
     np.testing.assert_allclose(g.mean(-1), 0.0, atol=1e-9)
     np.testing.assert_allclose(g.std(-1), 1.0 if n + pad > 1 else 0.0, atol=1e-4)
 
@@ -322,7 +330,7 @@ def test_gradient_matches_finite_differences(name, aggregation):
     jtu.check_grads(f, (lp,), order=1, modes=["rev"], eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
-# ---- 4. robustness --------------------------------------------------------------------------------
+# ---- 4. robustness -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", sorted(OBJ))
@@ -338,7 +346,8 @@ def test_robust_to_overflow_empty_rows_padding_and_bf16(name):
     assert leaves_finite(out), (name, delta)
   (loss, _), g = vg(lp, lp, lp)
   (loss0, _), g0 = jax.value_and_grad(
-      lambda x: _call(name, x, lp[:1], adv[:1], mask[:1], old_logprobs=lp[:1]), has_aux=True)(lp[:1])
+      lambda x: _call(name, x, lp[:1], adv[:1], mask[:1], old_logprobs=lp[:1]),
+      has_aux=True)(lp[:1])
   np.testing.assert_allclose(loss, loss0, rtol=1e-6)
   np.testing.assert_array_equal(g[1], 0.0)
   z = np.zeros((3, 4), np.float32)
@@ -362,8 +371,8 @@ def test_estimator_robustness_and_guards():
     np.testing.assert_array_equal(ret, 0.0)
     adv, _ = fn(jnp.asarray(z + 1, jnp.bfloat16), jnp.asarray(z, jnp.bfloat16), z + 1)
     assert adv.dtype == jnp.float32
-  assert algo.grpo_advantages(np.ones((2, 3), np.int32)).dtype == jnp.float32
+  assert advantage_oracles.grpo_advantages(np.ones((2, 3), np.int32)).dtype == jnp.float32
   with pytest.raises(AssertionError):
-    algo.grpo_advantages(np.ones(3))
+    advantage_oracles.grpo_advantages(np.ones(3))
   with pytest.raises(ValueError, match="train.objective"):
     algo.get_objective("trpo")

@@ -211,6 +211,7 @@ def _synthetic_run(run_dir, steps=30):
   (run_dir / "results.csv").write_text("metric,value\naccuracy_before,0.03\naccuracy_after,0.95\n")
 
 
+@pytest.mark.slow
 def test_dashboard_png_is_written(tmp_path):
   _synthetic_run(tmp_path)
   assert plot.main([str(tmp_path)]) == 0

@@ -1,12 +1,15 @@
 """8 forced CPU devices: the engine on 4, the trainer on 4; weights sync by resharding and the
 engine keeps generating while the trainer trains."""
 
+import pytest
 import json
 import os
 import subprocess
 import sys
 
 from conftest import with_test_xla_flags  # tests/conftest.py
+
+pytestmark = pytest.mark.slow  # every test here is slow (see pyproject's `slow` marker)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

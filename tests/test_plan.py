@@ -21,6 +21,7 @@ import math
 import os
 import subprocess
 import sys
+import unittest.mock
 
 import jax
 import pytest
@@ -41,6 +42,7 @@ def _env() -> dict:
 
 @pytest.mark.skipif(not plan.libtpu_available(),
                     reason='libtpu is not installed (pip install -e ".[tpu]"): no TPU compiler')
+@pytest.mark.slow
 def test_plan_compiles_for_a_tpu_slice_and_names_the_fields_when_nothing_fits(tmp_path):
   out = tmp_path / "plan.json"
   proc = subprocess.run(
@@ -87,6 +89,7 @@ def _batch_bytes(report) -> float:
   return 4 * report["rows"] * (report["length"] * 6 + 6)
 
 
+@pytest.mark.slow
 def test_a_missing_libtpu_says_how_to_install_it():
   code = ("import sys, runpy; sys.modules['libtpu'] = None; sys.argv = ['plan', "
           "'--config=configs/arith_tool.py:smoke', '--topology=v5litepod-8']; "
@@ -183,6 +186,8 @@ def test_an_abstract_learner_holds_shapes_with_shardings_and_counts_model_flops(
   one = plan.learner_flops(config, dataclasses.replace(mcfg, n_layers=1))
   for k in flops:
     assert deeper[k] - flops[k] == pytest.approx(flops[k] - one[k], rel=1e-6)
+  # remat recomputes the forward: not model FLOPs
+  assert plan.learner_flops(config, dataclasses.replace(mcfg, remat="block")) == flops
 
 
 @pytest.mark.parametrize("name, total, non_embedding", [
@@ -215,6 +220,7 @@ for item in items:
 '''
 
 
+@pytest.mark.slow
 def test_a_compiler_crash_loses_one_program_and_the_rest_goes_on(tmp_path, monkeypatch):
   worker = tmp_path / "worker.py"
   worker.write_text(FAKE_WORKER)
@@ -257,3 +263,24 @@ def test_the_planned_model_runs_as_the_config_says(model):
   mcfg = plan.model_config(c, model=model)
   assert (mcfg.remat, mcfg.scan_layers, mcfg.max_seq_len) == ("block", True, 1024)
   assert mcfg.dtype == c.model.dtype
+
+
+def test_routed_moe_flops_count_the_routed_experts_only():
+  """XLA:CPU counts ``ragged_dot`` densely over every expert; the plan counts what routing
+  computes: the same FLOPs whatever the expert count at fixed top-k, and below the dense count
+  over all experts by about n_experts / n_experts_per_tok in the MLP."""
+  config = configs.load("arith_tool", "smoke")
+  base = plan.model_config(config)
+  moe = lambda e: dataclasses.replace(base, arch="qwen3_moe", n_experts=e, n_experts_per_tok=2,
+                                      moe_d_ff=16, moe_layers=tuple(range(base.n_layers)))
+  four, sixteen = plan.learner_flops(config, moe(4)), plan.learner_flops(config, moe(16))
+  assert four == sixteen
+  assert plan.routed_flops_equivalent(moe(16)).d_ff == 2 * 16
+  assert plan.routed_flops_equivalent(base) is base
+  # the uncorrected count grows with the expert count
+  traced = {}
+  for e in (4, 16):
+    with unittest.mock.patch.object(plan, "routed_flops_equivalent", lambda m: m):
+      traced[e] = plan.learner_flops(config, moe(e))
+  for k in four:
+    assert traced[16][k] > traced[4][k] > four[k]

@@ -17,7 +17,8 @@ from flax import nnx
 
 from sao_jax.data.hf_tokenizer import CHATML_TEMPLATE, HFTokenizer
 from sao_jax.models import hf, partition, presets
-from sao_jax.models.transformer import Critic, Transformer, default_positions, greedy_generate
+from sao_jax.models.transformer import Critic, Transformer, default_positions
+from model_oracles import greedy_generate
 
 transformers = pytest.importorskip("transformers")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,7 +44,8 @@ def _tiny_tokenizer_folder(path, template=CHATML_TEMPLATE):
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
-  text = [json.loads(l)["problem"] for l in open(os.path.join(ROOT, "sao_jax/data/files/aime25.jsonl"))]
+  data_file = os.path.join(ROOT, "sao_jax/data/files/aime25.jsonl")
+  text = [json.loads(l)["problem"] for l in open(data_file)]
   trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>",
                                                                  "<|im_end|>"],
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -99,7 +101,7 @@ def test_every_parameter_has_logical_axes_and_specs():
   flat = jax.tree_util.tree_flatten_with_path(params)[0]
   flat_axes = jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple))
   assert len(flat) == len(flat_axes)
-  for (p, v), a in zip(flat, flat_axes):
+  for (_, v), a in zip(flat, flat_axes):
     assert len(a) == v.ndim
   l0 = axes["backbone"]["layers"][0]
   assert l0["mlp"]["gate_proj"] == ("expert", "embed", "mlp")
@@ -131,6 +133,7 @@ def smollm2():
   return cfg, params, HFTokenizer.from_gguf("smollm2")
 
 
+@pytest.mark.slow
 def test_smollm2_logits_equal_transformers_llama_on_same_weights(smollm2):
   cfg, params, tok = smollm2
   assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.vocab_size) == (
@@ -197,6 +200,7 @@ def test_smollm2_logits_equal_transformers_llama_on_same_weights(smollm2):
   assert np.abs(np.asarray(got) - want32).max() < 5e-4
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_answer_says_paris(smollm2):
   cfg, params, tok = smollm2
   graphdef = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))[0]
@@ -208,6 +212,7 @@ def test_smollm2_greedy_answer_says_paris(smollm2):
 
 
 # ---- the main job from a Hugging Face folder ---------------------------------------------------
+@pytest.mark.slow
 def test_aime_config_runs_an_sao_step_from_a_tiny_hf_checkpoint(tmp_path):
   ckpt = str(tmp_path / "ckpt")
   vocab = _tiny_tokenizer_folder(ckpt)

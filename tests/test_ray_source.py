@@ -24,6 +24,8 @@ from flax import nnx
 from sao_jax import configs, roles
 from sao_jax.rollout.weight_sync import WeightMismatchError, WeightPublisher, WeightPuller
 
+pytestmark = pytest.mark.slow  # every test here is slow (see pyproject's `slow` marker)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -17,6 +17,9 @@ from sao_jax.models.presets import get_preset
 from sao_jax.models.transformer import (ModelConfig, Transformer, default_positions, init_cache,
                                         layer_runs, stack_states)
 from sao_jax.train.validation import ConfigError, validate_config
+from model_oracles import forward_with_aux
+
+pytestmark = pytest.mark.slow  # every test here is slow (see pyproject's `slow` marker)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETTINGS = [(remat, scan) for remat in ("none", "block", "dots_saveable")
@@ -35,7 +38,7 @@ def _loss_fn(graphdef, tokens, mask):
   positions = default_positions(tokens)
 
   def loss(state):
-    logits, aux = nnx.merge(graphdef, state).forward_with_aux(tokens, positions, mask)
+    logits, aux = forward_with_aux(nnx.merge(graphdef, state), tokens, positions, mask)
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), tokens[:, 1:, None], -1)[..., 0]
     ll = jnp.sum(logp * mask[:, 1:])
     return -ll + aux["load_balancing_loss"], (logits, aux["router_logits"])

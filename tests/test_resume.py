@@ -13,6 +13,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+pytestmark = pytest.mark.slow  # every test here is slow (see pyproject's `slow` marker)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 4
 ARGS = ["--config=configs/arith_tool.py:smoke", "--config.sft.steps=0", "--config.task.n_eval=2",

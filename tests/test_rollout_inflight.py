@@ -191,7 +191,8 @@ def test_slow_tool_call_does_not_stop_other_slots_with_env_workers():
   """SAO's rollout with env.step off the decode loop: while "slow" waits 2 s on its tool call,
   its two slot neighbours finish and the remaining problems run through those two slots; "slow"
   lands last. Its continuation (prefilled at its true length onto its slot's KV cache, while its
-  slot position kept decoding discarded tokens past that length) has the log-probs of a full forward pass."""
+  slot position kept decoding discarded tokens past that length) has the log-probs of a full
+  forward pass."""
   graphdef, params, out, done_at, worker = _slow_run(env_workers=3, slow_s=2.0)
   assert out[-1].problem_id == "slow"
   assert max(v for k, v in done_at.items() if k != "slow") < done_at["slow"] - 0.5

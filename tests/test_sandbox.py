@@ -54,6 +54,7 @@ def test_wall_time_limit_kills_a_sleeping_program():
   assert res.error == "timeout"
 
 
+@pytest.mark.slow
 def test_fork_bomb_is_contained_and_leaves_no_process_behind():
   res = _run("""
       import os
@@ -71,6 +72,7 @@ def test_fork_bomb_is_contained_and_leaves_no_process_behind():
   assert _nobody_processes() == 0  # the PID namespace took every child down
 
 
+@pytest.mark.slow
 def test_a_fork_bomb_does_not_starve_a_concurrent_sandbox():
   """RLIMIT_NPROC counts a uid's processes system-wide: each run has its own uid, so a program
   started while another sandbox's fork bomb is at its process limit still runs."""

@@ -10,6 +10,7 @@ checkpoint (float32 in 5 safetensors shards, 1.25 MB in bf16) loaded with
 
 from __future__ import annotations
 
+import pytest
 import json
 import os
 import subprocess
@@ -25,6 +26,8 @@ from sao_jax import build
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sharding_helpers as H  # noqa: E402  pylint: disable=wrong-import-position
 from conftest import with_test_xla_flags  # noqa: E402  pylint: disable=wrong-import-position
+
+pytestmark = pytest.mark.slow  # every test here is slow (see pyproject's `slow` marker)
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 

@@ -197,7 +197,8 @@ def test_running_mean_advantages_are_reward_minus_the_window_mean():
   lr = Learner(H.learner_config("sao", advantage_estimator="running_mean_prompt"), pg, pp,
                pad_id=0, vocab_size=64)
   n = np.array([t.num_action_tokens for t in first], float)
-  r1 = np.array([t.reward for t in first]); r2 = np.array([t.reward for t in second])
+  r1 = np.array([t.reward for t in first])
+  r2 = np.array([t.reward for t in second])
   m1 = lr.train_step(first, 0)
   assert m1["baseline_nonempty_fraction"] == 0.0
   np.testing.assert_allclose(m1["advantage_mean"], (n * r1).sum() / n.sum(), rtol=1e-6)
@@ -251,6 +252,7 @@ def eight_devices(tmp_path_factory):
 MODES = ("sao", "vapo", "grpo_async", "grpo_sync")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["fsdp=-1", "fsdp=2,tensor=2,expert=2"])
 @pytest.mark.parametrize("mode", MODES)
 def test_every_mode_on_a_mesh_equals_one_device(eight_devices, mode, layout):
@@ -261,6 +263,7 @@ def test_every_mode_on_a_mesh_equals_one_device(eight_devices, mode, layout):
   assert r["params_moved"] > 1e-3  # the 3 steps really moved the params
 
 
+@pytest.mark.slow
 def test_each_field_changes_the_loss_on_a_mesh_as_on_one_device(eight_devices):
   """policy loss, value loss and mean advantage of the second step, fsdp=-1 vs one device."""
   fields = eight_devices["fields"]
@@ -278,6 +281,7 @@ def test_each_field_changes_the_loss_on_a_mesh_as_on_one_device(eight_devices):
       assert changed > 1e-3, (key, changed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["fsdp=-1", "fsdp=2,tensor=2,expert=2"])
 def test_each_device_holds_an_eighth_and_compiles_once(eight_devices, layout):
   """Max bytes on one device / bytes of one full copy, from ``addressable_shards``. Norm scales,
@@ -295,11 +299,13 @@ def test_each_device_holds_an_eighth_and_compiles_once(eight_devices, layout):
     assert fraction < bound, (step, fraction)
 
 
+@pytest.mark.slow
 def test_moe_experts_sharded_over_expert_fsdp_tensor(eight_devices):
   assert eight_devices["layouts"]["fsdp=2,tensor=2,expert=2"]["expert_spec"] == \
       "P('expert', 'fsdp', 'tensor')"
 
 
+@pytest.mark.slow
 def test_checkpoint_restores_into_other_meshes(eight_devices, tmp_path):
   """Saved on 8 devices as fsdp=8 after 2 SAO steps; restored on 4 (fsdp=2 x tensor=2) and on
   1 device, the next 2 steps give the losses and params of the run that kept going on 8."""
@@ -336,6 +342,7 @@ def test_loopback_hosts_and_the_coordinator_bind_address(monkeypatch):
   assert distributed.bind_address("localhost:1234") is None
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(tmp_path):
   port = portpicker.pick_unused_port()
   out = tmp_path / "out.npz"

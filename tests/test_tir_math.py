@@ -272,7 +272,8 @@ def test_aime_config_builds_the_tool_task_on_the_train_mix():
   import importlib.util
   from sao_jax import roles, tasks
   from sao_jax.data import split
-  spec = importlib.util.spec_from_file_location("aime_cfg", os.path.join(ROOT, "configs", "aime.py"))
+  spec = importlib.util.spec_from_file_location("aime_cfg",
+                                                os.path.join(ROOT, "configs", "aime.py"))
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   c = mod.get_config("")
@@ -285,6 +286,7 @@ def test_aime_config_builds_the_tool_task_on_the_train_mix():
   assert split.overlaps(task.train_problems, split.load_files(split.EVAL_SETS)) == []
 
 
+@pytest.mark.slow
 def test_aime_smoke_runs_the_tool_task_end_to_end(tmp_path):
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   proc = subprocess.run([sys.executable, "-m", "sao_jax.main", "--config=configs/aime.py:smoke",

@@ -279,8 +279,10 @@ def test_a_multi_process_job_starts_no_jax_backend_before_distributed_initialize
     ("train.eps_low", 1.0, "config.train.eps_low = 1.0: must be in [0, 1)"),
     ("train.eps_low", -0.1, "config.train.eps_low = -0.1: must be in [0, 1)"),
     ("train.eps_high", 0.0, "config.train.eps_high = 0.0: must be > 0"),
-    ("train.critic_updates_per_step", 0, "config.train.critic_updates_per_step = 0: must be >= 1 (K critic"),
-    ("train.batch_size", 12, "must be divisible by the number of devices (8); fix: use a multiple of 8"),
+    ("train.critic_updates_per_step", 0,
+     "config.train.critic_updates_per_step = 0: must be >= 1 (K critic"),
+    ("train.batch_size", 12,
+     "must be divisible by the number of devices (8); fix: use a multiple of 8"),
     ("train.gamma", 1.5, "config.train.gamma = 1.5: must be in [0, 1]"),
     ("train.lam_policy", "adaptiv", "config.train.lam_policy = 'adaptiv': must be 'adaptive'"),
     ("rollout.temperature", 0.0, "config.rollout.temperature = 0.0: must be > 0"),
@@ -349,6 +351,7 @@ def _main(*args):
                         capture_output=True, text=True, timeout=300, check=False)
 
 
+@pytest.mark.slow
 def test_cli_refuses_every_bad_field_at_once_before_training(tmp_path):
   """The real CLI: several bad enum / range values in one run; all named, nothing trained.
   (Measured here: the refusal takes 1.2-3.2 s on :smoke, before the trainer's imports.)"""
@@ -511,6 +514,7 @@ def test_ppo_family_with_one_minibatch_warns_once_at_the_start(tmp_path, monkeyp
       validation.config_warnings(c)
 
 
+@pytest.mark.slow
 def test_cli_bad_run_dir_and_checkpoint_dir_exit_with_the_fields_and_no_traceback(tmp_path):
   (tmp_path / "afile").write_text("x")
   (tmp_path / "run" / "checkpoints").mkdir(parents=True)

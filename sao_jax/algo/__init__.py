@@ -6,7 +6,6 @@ Arrays in, arrays (+ metrics dict) out; no state, no I/O. Layout `[batch, time]`
 """
 
 from sao_jax.algo.advantages import length_adaptive_lambda
-from sao_jax.algo.advantages import running_mean_baseline_advantage
 from sao_jax.algo.advantages import skip_observation_gae
 from sao_jax.algo.estimators import ESTIMATORS
 from sao_jax.algo.estimators import Estimator
@@ -14,7 +13,6 @@ from sao_jax.algo.estimators import baseline_advantages
 from sao_jax.algo.estimators import broadcast_to_tokens
 from sao_jax.algo.estimators import get_estimator
 from sao_jax.algo.estimators import group_normalized_advantages
-from sao_jax.algo.estimators import grpo_advantages
 from sao_jax.algo.estimators import naive_token_gae
 from sao_jax.algo.estimators import response_span
 from sao_jax.algo.estimators import step_level_gae
@@ -42,14 +40,12 @@ __all__ = (
     'get_estimator',
     'get_objective',
     'group_normalized_advantages',
-    'grpo_advantages',
     'icepop_objective',
     'length_adaptive_lambda',
     'naive_token_gae',
     'ppo_clip_objective',
     'reinforce_objective',
     'response_span',
-    'running_mean_baseline_advantage',
     'skip_observation_gae',
     'step_level_gae',
     'tis_objective',

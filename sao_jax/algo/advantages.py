@@ -1,5 +1,4 @@
-"""Advantage estimators for SAO: skip-observation GAE, length-adaptive lambda,
-running-mean baseline.
+"""Advantage estimators for SAO: skip-observation GAE and the length-adaptive lambda.
 
 Pure JAX kernels, no state and no I/O. Layout is token-major and padded,
 `[batch, time]`, response tokens only; `action_mask` is non-zero on tokens the
@@ -149,35 +148,3 @@ def length_adaptive_lambda(
   safe = jnp.where(positive, counts, 1.0)
   lam = jnp.clip(1.0 - 1.0 / (jnp.asarray(alpha, counts.dtype) * safe), 0.0, 1.0)
   return jnp.where(positive, lam, 0.0).astype(counts.dtype)
-
-
-def running_mean_baseline_advantage(reward: Array, window: Array) -> Array:
-  """Advantage against a running-mean baseline of recent rewards.
-
-    A = reward - mean(window),   with mean(empty window) = 0
-
-  Used by the SAO paper as an ablation / online-learning baseline (mean of the
-  last rewards for the same prompt, e.g. the last 128) in place of a critic.
-
-  Source: SAO paper (Hou, Li, Tang, Dong, 2026), running-mean baseline.
-
-  Args:
-    reward: scalar or `[...]`, the new reward(s).
-    window: `[..., W]` recent rewards (leading axes broadcast against
-      `reward`); W may be 0, in which case the baseline is 0.
-
-  Returns:
-    advantage with the broadcast shape of `reward` and `window[..., 0]`,
-    floating (at least float32).
-
-  Raises:
-    ValueError if `window` has rank 0.
-  """
-  window = jnp.asarray(window)
-  reward = jnp.asarray(reward)
-  if window.ndim < 1:
-    raise ValueError(f'window must have rank >= 1, got shape {window.shape}.')
-  dtype = float_dtype(reward, window)
-  size = window.shape[-1]
-  baseline = jnp.sum(window.astype(dtype), axis=-1) / max(size, 1)
-  return reward.astype(dtype) - baseline

@@ -8,8 +8,8 @@ token (project convention).
                          tokens (the common bug; ablation of skip-observation GAE)
   step_level_gae         one value per turn (mean or last token of the turn),
                          GAE over turns (SAO paper appendix, step-level variant)
-  grpo_advantages        group-normalised outcome advantages (DeepSeekMath GRPO),
-                         with or without the std division (Dr. GRPO)
+  group_normalized_advantages  group-normalised outcome advantages (DeepSeekMath GRPO),
+                         with or without the std division (Dr. GRPO), groups by id
   broadcast_to_tokens    a per-row advantage `[B]` onto that row's action tokens
 
 `ESTIMATORS` maps every name a config may give (`train.advantage_estimator`) to an
@@ -141,38 +141,6 @@ def step_level_gae(rewards: Array, values: Array, action_mask: Array, gamma: Num
   return adv, ret
 
 
-def grpo_advantages(rewards: Array, normalize_std: bool = True, eps: Numeric = 1e-6) -> Array:
-  """Group-normalised outcome advantages.
-
-    A_{g,i} = (r_{g,i} - mean_i r_{g,i}) / (std_i r_{g,i} + eps)   (normalize_std)
-    A_{g,i} =  r_{g,i} - mean_i r_{g,i}                            (otherwise)
-
-  `std` is the population standard deviation (ddof = 0). A group whose rewards
-  are all equal gets A = 0 (no NaN).
-
-  Sources: GRPO, Shao et al. 2024 (DeepSeekMath) §4.1.2; without the std
-  division, Dr. GRPO (Liu et al. 2025).
-
-  Args:
-    rewards: `[G_num, G]` float or int, one row per group of rollouts of one prompt.
-    normalize_std: divide by the group std.
-    eps: added to the std.
-
-  Returns:
-    `[G_num, G]`, at least float32.
-
-  Raises:
-    AssertionError (chex) if `rewards` is not rank 2.
-  """
-  chex.assert_rank(rewards, 2)
-  dtype = float_dtype(rewards)
-  r = jnp.asarray(rewards).astype(dtype)
-  centred = r - jnp.mean(r, axis=-1, keepdims=True)
-  if not normalize_std:
-    return centred
-  return centred / (jnp.std(r, axis=-1, keepdims=True) + jnp.asarray(eps, dtype))
-
-
 def broadcast_to_tokens(row_advantages: Array, action_mask: Array) -> Array:
   """`[B]` per-trajectory advantages onto each row's action tokens -> `[B, T]` (0 elsewhere)."""
   chex.assert_rank([row_advantages, action_mask], [1, 2])
@@ -186,13 +154,20 @@ def group_normalized_advantages(reward: Array, group_id: Array, normalize_std: b
                                 eps: Numeric = 1e-6) -> Array:
   """GRPO advantages for rows in any order, groups given by id (jit-friendly).
 
-  Same formula as `grpo_advantages` (population std, `eps` added to it) over the rows
-  sharing a `group_id`; rows with `group_id < 0` (padding) form one extra group.
+    A_i = (r_i - mean_g r) / (std_g r + eps)   (normalize_std)
+    A_i =  r_i - mean_g r                      (otherwise)
+
+  over the rows sharing row i's `group_id` g; `std` is the population standard deviation
+  (ddof = 0), so a group whose rewards are all equal gets A = 0 (no NaN). Rows with
+  `group_id < 0` (padding) form one extra group.
+  Sources: GRPO, Shao et al. 2024 (DeepSeekMath) §4.1.2; without the std division, Dr. GRPO
+  (Liu et al. 2025).
 
   Args:
     reward: `[B]` float, one outcome reward per row.
     group_id: int `[B]`, in `[-1, B)`.
-    normalize_std / eps: as `grpo_advantages`.
+    normalize_std: divide by the group std.
+    eps: added to the std.
 
   Returns:
     `[B]` per-row advantages, at least float32.

@@ -265,8 +265,8 @@ def dis_objective(logprobs: Array, rollout_logprobs: Array, advantages: Array,
     r_t = exp(logp_t - logp_rollout_t);  keep_t = 1-eps_low < r_t < 1+eps_high (strict)
     l_t = -r_t A_t keep_t
 
-  With the defaults this is `tests/dis_reference.py:dis_policy_loss` (the first implementation, kept as a test oracle) exactly (same
-  numbers); `old_logprobs` only feeds the mismatch metrics.
+  With the defaults this is `tests/dis_reference.py:dis_policy_loss` (the first implementation,
+  kept as a test oracle) exactly (same numbers); `old_logprobs` only feeds the mismatch metrics.
   """ + _COMMON_DOC
   _check_band(eps_low, eps_high)
   is_action, lp, rollout, adv, old = _prepare(logprobs, rollout_logprobs, advantages,

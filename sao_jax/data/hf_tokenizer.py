@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 from typing import Any, Iterable, Optional, Sequence
-from tokenizers import Tokenizer
 from gguf import GGUFReader
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from sao_jax.models.gguf_loader import resolve_gguf_path

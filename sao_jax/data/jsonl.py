@@ -65,11 +65,13 @@ def _read_jsonl_numbered(
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(
-                f"{path}:{lineno}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+                f"{path}:{lineno}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at column "
+                f"{e.start + 1})"
             ) from None
         if not line.strip():
             if blank_lines == "error":
-                raise ValueError(f"{path}:{lineno}: empty line; remove it (one JSON object per line)")
+                raise ValueError(
+                    f"{path}:{lineno}: empty line; remove it (one JSON object per line)")
             continue
         try:
             obj = json.loads(line)
@@ -91,7 +93,8 @@ def _read_jsonl_numbered(
 def _as_text(value: Any, path: Path, lineno: int, field: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise ValueError(
-            f"{path}:{lineno}: field {field!r} must be a string or integer, got {type(value).__name__}"
+            f"{path}:{lineno}: field {field!r} must be a string or integer, got "
+            f"{type(value).__name__}"
         )
     return str(value)
 
@@ -112,7 +115,8 @@ def load_math_problems(path: str | os.PathLike, blank_lines: str = "skip") -> li
         pid = _as_text(row["id"], path, lineno, "id")
         if not isinstance(row["problem"], str):
             raise ValueError(
-                f"{path}:{lineno}: field 'problem' must be a string, got {type(row['problem']).__name__}"
+                f"{path}:{lineno}: field 'problem' must be a string, got "
+                f"{type(row['problem']).__name__}"
             )
         answer = _as_text(row["answer"], path, lineno, "answer").strip()
         for field, value in (("id", pid), ("problem", row["problem"]), ("answer", answer)):
@@ -135,5 +139,6 @@ def packaged_path(name: str) -> str:
     p = _FILES_DIR / name
     if not p.is_file():
         available = sorted(f.name for f in _FILES_DIR.iterdir()) if _FILES_DIR.is_dir() else []
-        raise FileNotFoundError(f"no packaged data file {name!r} in {_FILES_DIR}; available: {available}")
+        raise FileNotFoundError(
+            f"no packaged data file {name!r} in {_FILES_DIR}; available: {available}")
     return str(p)

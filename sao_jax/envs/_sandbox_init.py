@@ -96,7 +96,8 @@ def _child(cfg, code: bytes):
   os.setgroups([])
   os.setgid(cfg["gid"])
   os.setuid(cfg["uid"])
-  # the parent-death signal is cleared when credentials change: set it again, as the unprivileged uid.
+  # the parent-death signal is cleared when credentials change: set it again, as the unprivileged
+  # uid.
   _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PDEATHSIG)")
   env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
   # The program must not be PID 1 itself: the kernel drops default-action signals (SIGXCPU of

@@ -281,7 +281,8 @@ class ArithToolEnv:
         if last_turn:
             reward = grade(text, problem.answer) if boxed is not None else 0.0
             return EnvStep(observation_ids=[], done=True, reward=reward, info=info)
-        return EnvStep(observation_ids=self.observation_ids(result), done=False, reward=0.0, info=info)
+        return EnvStep(observation_ids=self.observation_ids(result), done=False, reward=0.0,
+                       info=info)
 
 
 def _guess(answer: int, rng: np.random.Generator, p_correct: float) -> int:

@@ -16,6 +16,11 @@ generation hit the length limit.  ``turn`` counts from 0.  Environments are
 stateless (all state is in ``problem``/``turn``/``action_ids``), so one
 instance may be shared by many concurrent episodes and threads.  An
 environment returns ``done=True`` no later than at ``turn == max_turns - 1``.
+
+An environment whose state changes within an episode (``envs/workspace.py``: a
+repository copy) may define ``begin_episode(problem) -> handle`` and
+``end_episode(handle)``: the rollout worker calls them when a trajectory starts
+and ends, and passes the handle (which has the problem's ``id``) to ``step``.
 """
 
 from __future__ import annotations

@@ -38,7 +38,6 @@ import functools
 import logging
 import re
 from typing import Any
-from math_verify import parse
 from math_verify import parse, verify
 
 MAX_PRED_CHARS = 200

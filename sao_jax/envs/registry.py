@@ -16,6 +16,8 @@ TASKS: dict[str, object] = {  # name -> "module:function" (or the function itsel
     "style_switch": "sao_jax.tasks:build_style_switch",
     "tir_math": "sao_jax.tasks:build_tir_math",
     "chat_arith": "sao_jax.tasks:build_chat_arith",
+    "swe_lite": "sao_jax.envs.swe_lite:build_task",
+    "swe": "sao_jax.envs.swe_lite:build_swe_task",
 }
 
 

@@ -6,21 +6,30 @@ the caller: every failure (timeout, memory, crash, output flood, setup error) is
 
 What is enforced, and how (Linux; the launcher is ``_sandbox_init.py``):
 
-| guarantee | mechanism |
-|---|---|
-| separate process, killable as a whole | new PID namespace: the program's first process is PID 1 there; when it exits or is killed every process it started dies with it; it gets SIGKILL if the launcher dies (``PR_SET_PDEATHSIG``) |
-| CPU time | ``RLIMIT_CPU`` (soft = ``cpu_s``: SIGXCPU, hard = ``cpu_s`` + 1: SIGKILL) |
-| wall time | the caller kills the launcher's process group after ``wall_s`` |
-| memory | ``RLIMIT_AS`` = ``memory_bytes`` (a 10 GB allocation fails with MemoryError) |
-| processes (fork bomb) | ``RLIMIT_NPROC`` = ``processes``, effective because the program runs as an unprivileged uid; the limit counts every process of that uid, so each run gets its own uid (``sandbox_uid``): a fork bomb in one sandbox cannot starve a concurrent one's ``fork`` |
-| output size | the caller reads at most ``max_output_bytes`` of stdout + stderr, then kills the program |
-| file size / disk | ``RLIMIT_FSIZE`` = ``file_bytes``; the only writable place is a fresh tmpfs on /tmp of ``tmp_bytes`` (also the cwd) |
-| no writes elsewhere | private mount namespace; / remounted read-only; an unprivileged uid that owns no file, gid ``nogroup`` |
-| no access to the trainer's files | tmpfs mounted over /root, /home, /work, /mnt, /srv, /opt, /run, /var/tmp, /dev/shm, the caller's cwd and $HOME and ``extra_masks``; a fresh /proc shows only the sandbox's processes |
-| no trainer environment variables | ``execve`` with ``PATH``, ``HOME=/tmp``, ``LANG``, ``PYTHONIOENCODING`` only; ``/proc/<trainer>/environ`` is not visible (own PID namespace) |
-| no network | new network namespace (only a down loopback device) |
-| no privilege regain | ``PR_SET_NO_NEW_PRIVS``, all capabilities dropped with the uid change |
-| no project packages | the base interpreter in isolated mode (``python -I -S``): standard library only |
+* separate process, killable as a whole: new PID namespace: the program's first process is PID 1
+  there; when it exits or is killed every process it started dies with it; it gets SIGKILL if the
+  launcher dies (``PR_SET_PDEATHSIG``)
+* CPU time: ``RLIMIT_CPU`` (soft = ``cpu_s``: SIGXCPU, hard = ``cpu_s`` + 1: SIGKILL)
+* wall time: the caller kills the launcher's process group after ``wall_s``
+* memory: ``RLIMIT_AS`` = ``memory_bytes`` (a 10 GB allocation fails with MemoryError)
+* processes (fork bomb): ``RLIMIT_NPROC`` = ``processes``, effective because the program runs as an
+  unprivileged uid; the limit counts every process of that uid, so each run gets its own uid
+  (``sandbox_uid``): a fork bomb in one sandbox cannot starve a concurrent one's ``fork``
+* output size: the caller reads at most ``max_output_bytes`` of stdout + stderr, then kills the
+  program
+* file size / disk: ``RLIMIT_FSIZE`` = ``file_bytes``; the only writable place is a fresh tmpfs on
+  /tmp of ``tmp_bytes`` (also the cwd)
+* no writes elsewhere: private mount namespace; / remounted read-only; an unprivileged uid that owns
+  no file, gid ``nogroup``
+* no access to the trainer's files: tmpfs mounted over /root, /home, /work, /mnt, /srv, /opt, /run,
+  /var/tmp, /dev/shm, the caller's cwd and $HOME and ``extra_masks``; a fresh /proc shows only the
+  sandbox's processes
+* no trainer environment variables: ``execve`` with ``PATH``, ``HOME=/tmp``, ``LANG``,
+  ``PYTHONIOENCODING`` only; ``/proc/<trainer>/environ`` is not visible (own PID namespace)
+* no network: new network namespace (only a down loopback device)
+* no privilege regain: ``PR_SET_NO_NEW_PRIVS``, all capabilities dropped with the uid change
+* no project packages: the base interpreter in isolated mode (``python -I -S``): standard library
+  only
 
 It needs root (or CAP_SYS_ADMIN) for the namespaces and mounts; without it ``run_python`` raises
 ``SandboxUnavailable`` (it never falls back to running code unconfined).

@@ -1,6 +1,6 @@
 r"""Online-learning task (paper §4.5 analogue): a tool-use task (``task.style_base``:
-``arith_tool`` or ``chain_tool``) whose *preferred output style* switches between phases, like the paper's cute -> chuunibyou ->
-classical persona switch.
+``arith_tool`` or ``chain_tool``) whose *preferred output style* switches between phases, like
+the paper's cute -> chuunibyou -> classical persona switch.
 
 Styles are the character right after the final ``\boxed{...}``: ``STYLES = ("", "!", "~")``
 (plain, exclaimed, tilde), e.g. ``\boxed{9945}!<eos>``. Reward = (the boxed answer is correct,

@@ -21,18 +21,19 @@ The observation is ``"\n" + OUTPUT + "\n```\n"``: OUTPUT is the program's stdout
 ``timeout``, ``cpu_limit``, ``memory``, ``output_limit``, ``signal:SIGSEGV``, ``exit:1``, ...),
 cut to ``max_output_chars`` characters (the first and last halves, joined by
 ``...[N characters cut]...``); special tokens the program prints (``<eos>``, ``<|im_end|>``) are
-dropped from the observation ids, so output cannot forge a turn end or a chat role. The code is the *last* complete ```` ```python ```` block
-before the final ```` ```output ````; blocks of earlier turns are not re-run (each run starts
-from a fresh interpreter, so a program must recompute what it needs).
+dropped from the observation ids, so output cannot forge a turn end or a chat role. The code is
+the *last* complete ```` ```python ```` block before the final ```` ```output ````; blocks of
+earlier turns are not re-run (each run starts from a fresh interpreter, so a program must
+recompute what it needs).
 
 Episode rules (``TirMathEnv.step``; ``turn`` counts from 0)
 -----------------------------------------------------------
-* the action (trailing whitespace and stop tokens ignored) ends with ```` ```output ````: a
-  tool call. The code runs in ``sao_jax.envs.sandbox.run_python`` (own PID/mount/network
-  namespaces, an unprivileged uid per run, CPU/wall/memory/process/file limits:
-  ``SandboxLimits``); anything the program does -- an endless loop, a fork bomb, a write outside its tmpfs, a network connection, a crash -- comes
-  back as an observation, never as an exception. Not done, reward 0; on the last allowed turn
-  (``turn == max_turns - 1``) done instead, with ``reward = grade(action text)``.
+* the action (trailing whitespace and stop tokens ignored) ends with ```` ```output ````: a tool
+  call. The code runs in ``sao_jax.envs.sandbox.run_python`` (own PID/mount/network namespaces, an
+  unprivileged uid per run, CPU/wall/memory/process/file limits: ``SandboxLimits``); anything the
+  program does -- an endless loop, a fork bomb, a write outside its tmpfs, a network connection, a
+  crash -- comes back as an observation, never as an exception. Not done, reward 0; on the last
+  allowed turn (``turn == max_turns - 1``) done instead, with ``reward = grade(action text)``.
 * the action ends with a stop token (``eos`` / ``<|im_end|>``): done, reward =
   ``grade(action text, answer)`` (math-verify on the last ``\boxed{}`` of this turn; 0 without).
 * no stop (the per-turn token limit): done, graded the same way (a box before the cut counts),

@@ -167,7 +167,8 @@ def rope_frequencies(cfg: ModelConfig, dtype=np.float32) -> tuple[np.ndarray, fl
   if rtype == "linear":
     inv = inv / float(sc["factor"])
   elif rtype == "llama3":
-    factor, lo, hi = float(sc["factor"]), float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
+    factor = float(sc["factor"])
+    lo, hi = float(sc["low_freq_factor"]), float(sc["high_freq_factor"])
     old = float(sc["original_max_position_embeddings"])
     wavelen = 2 * math.pi / inv
     low_wl, high_wl = old / lo, old / hi

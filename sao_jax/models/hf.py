@@ -33,10 +33,9 @@ import glob
 import json
 import os
 import re
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -425,7 +424,8 @@ def hf_tensors(cfg: ModelConfig, params: dict) -> Iterator[tuple[str, np.ndarray
 
 
 def save_hf_checkpoint(path: str, cfg: ModelConfig, params: dict, *,
-                       hf_config: Optional[dict] = None, max_shard_bytes: int = 2 << 30) -> list[str]:
+                       hf_config: Optional[dict] = None,
+                       max_shard_bytes: int = 2 << 30) -> list[str]:
   """Writes ``params`` as a Hugging Face checkpoint folder (``transformers`` and vLLM read it).
 
   Tensors are written in ``cfg.param_dtype``'s bytes as stored in ``params`` (bit-exact round

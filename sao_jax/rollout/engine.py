@@ -36,13 +36,11 @@ per device under ``jax.shard_map`` with no communication (plain ``jit`` on that 
 all-gather into every cache write); ``slot_prefix`` reads a slot out with one ``psum``. A row's
 uniforms are its slice of one draw for all rows, so the tokens are those of one device
 (``tests/test_engine_data_parallel.py``). On a CPU host this is how the engine uses several
-cores: XLA:CPU spreads one small decode step poorly over two threads (a [32, 256] x [256, 768]
-dot is no faster on two cores than on one), while two host devices
+cores: XLA:CPU spreads one small decode step poorly over two threads, while two host devices
 (``--xla_force_host_platform_device_count=2``: two XLA devices, whose programs can run at the same
-time) each decoding half the slots overlap: 0.95-1.25 / 1.18-1.50 / 1.40-1.61x tokens/s at 8 /
-32 / 128 slots on 2 cores over six runs. A multi-turn rollout of one-row prefills is slower split
-(each call runs on every device): 0.64 vs 0.49 s on ``configs/arith_tool.py``
-(``benchmarks/RESULTS.md`` section 2, "2026-12-02, later").
+time) each decoding half the slots overlap, which raises tokens/s most at many slots. A multi-turn
+rollout of one-row prefills is slower split (each call runs on every device). Measurements:
+``benchmarks/RESULTS.md`` section 2.
 
 KV-cache layout: per layer ``k [slots, n_kv_heads, head_dim, cache_len]`` (keys transposed) and
 ``v [slots, n_kv_heads, cache_len, head_dim]`` (``transformer.init_cache``);
@@ -57,11 +55,9 @@ Live length: attention reads only the first ``kv_len`` cache positions, ``kv_len
 bucket ``kv_bucket * 2**i`` above the longest slot, or the whole cache when that bucket is more
 than half of it, so the number of compiled shapes stays ~log2(cache_len / kv_bucket). (The
 cut-off is measured on XLA:CPU: slicing the cache costs a copy of the live part, which loses to
-reading a cache-resident cache in full -- 0.51 vs 0.23 ms for 64 of 96 positions at batch 32 --
-and wins 2.4-3.3x once the cache spills: 128 of 512, 256 of 1024 positions, attention alone,
-keys then stored ``[S, D]``; with keys transposed the whole engine decodes 1.7-1.9x faster with
-it at 513 positions, batch 32-128, and a quarter-cache cut-off measured the same as half:
-``benchmarks/RESULTS.md`` section 2.) The engine knows every slot's length on the host
+reading a small, cache-resident KV cache in full and wins once it spills out of the CPU cache; a
+quarter-cache cut-off measured the same as half: ``benchmarks/RESULTS.md`` section 2.) The
+engine knows every slot's length on the host
 (``DecodeState.host_lengths``, ``Prefix.host_length``: static fields, stripped before each jitted
 call so they never key a compile) and so picks the bucket without waiting on the device.
 Idle slots still advance (``generate`` computes every slot), so a drained slot's length -- and
@@ -84,7 +80,7 @@ import numpy as np
 from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
-from sao_jax.models.transformer import ModelConfig, Transformer, init_cache
+from sao_jax.models.transformer import ModelConfig, init_cache
 from sao_jax.rollout.jetstream_compat import engine_api, tokenizer_api, tokenizer_pb2
 
 
@@ -129,9 +125,9 @@ class LogProbResultTokens(engine_api.ResultTokens):
 
 
 def first_argmax(x: jax.Array) -> jax.Array:
-  """``jnp.argmax(x, -1)`` (the first index of the maximum) as a max and a min reduction: on
-  XLA:CPU the variadic argmax reduction took 0.90 ms over [32, 4096], this 0.20 ms.
-  x: float [..., V] without NaNs. Returns int32 [...]."""
+  """``jnp.argmax(x, -1)`` (the first index of the maximum) as a max and a min reduction, which
+  XLA:CPU runs several times faster than its variadic argmax reduction (``benchmarks/RESULTS.md``
+  section 2). x: float [..., V] without NaNs. Returns int32 [...]."""
   top = jnp.max(x, axis=-1, keepdims=True)
   iota = jnp.arange(x.shape[-1], dtype=jnp.int32)
   return jnp.min(jnp.where(x == top, iota, x.shape[-1] - 1), axis=-1)
@@ -153,9 +149,8 @@ def inverse_cdf_tokens(probs: jax.Array, uniforms: jax.Array) -> jax.Array:
   never drawn even where the matmul's rounding makes a zero-mass entry's sum differ from its
   predecessor's; a row with no such entry (u * total rounded up, or no mass at all) takes its
   last entry with mass (index 0 for an all-zero row). Only two random numbers per row are
-  drawn: on XLA:CPU this is 0.21 ms for [32, 4096] against 1.23 ms for Gumbel-max, whose
-  threefry bits for every vocabulary entry are most of its cost (``benchmarks/RESULTS.md``
-  section 2).
+  drawn, against one per vocabulary entry for Gumbel-max, whose threefry bits are most of its
+  cost on XLA:CPU (``benchmarks/RESULTS.md`` section 2).
 
   Float32 limit: the uniforms lie on a 2**-23 grid and the cumulative sums are float32, so an
   entry below ~6e-8 of its level's total (a block of the vocabulary's mass, or a token of its
@@ -197,11 +192,11 @@ def sample_tokens(logits: jax.Array, rng: jax.Array, temperature) -> tuple[jax.A
   The draw is ``inverse_cdf_tokens(exp(z), uniform(rng, [..., 2]))`` with ``z = logits /
   temperature - max``: sampling from the tempered distribution (exact up to float32, see there)
   with two random numbers per row, not one per vocabulary entry as in Gumbel-max
-  (``jax.random.categorical``), whose draws cost 5-6x more on XLA:CPU. The inverse CDF takes
-  unnormalised masses, so the log-probability is formed for the drawn token only: ``z[token] -
-  log(sum(exp(z)))``, the formula of ``jax.nn.log_softmax``, without writing and re-reading the
-  [..., V] log-softmax (0.82 against 1.12 ms at [128, 4096] on XLA:CPU, ``benchmarks/RESULTS.md``
-  section 2). Greedy is the first argmax of the logits (``first_argmax``).
+  (``jax.random.categorical``), whose draws cost several times more on XLA:CPU. The inverse CDF
+  takes unnormalised masses, so the log-probability is formed for the drawn token only:
+  ``z[token] - log(sum(exp(z)))``, the formula of ``jax.nn.log_softmax``, without writing and
+  re-reading the [..., V] log-softmax (faster on XLA:CPU, ``benchmarks/RESULTS.md`` section 2).
+  Greedy is the first argmax of the logits (``first_argmax``).
   """
   return sample_tokens_from(logits, jax.random.uniform(rng, (*logits.shape[:-1], 2), jnp.float32),
                             temperature)
@@ -485,7 +480,8 @@ class SAOEngine(engine_api.Engine):
 
   def _next_key(self):
     """(base key, counter) of the next prefill draw; the compiled call folds the counter in
-    (``jax.random.fold_in``), so no eager op is dispatched per call (~0.1 ms each on CPU)."""
+    (``jax.random.fold_in``), so no eager op is dispatched per call (``benchmarks/RESULTS.md``
+    section 2)."""
     with self._lock:
       return self._base_key, np.uint32(next(self._counter))
 

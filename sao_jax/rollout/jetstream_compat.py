@@ -1,7 +1,8 @@
-"""The one place where sao_jax adapts google-jetstream 0.2.2 to this environment.
+"""The one place where sao_jax imports google-jetstream 0.2.2 (its Engine API).
 
-JetStream 0.2.2 has two problems with a current, lean JAX install, both handled here and nowhere
-else:
+``SAOEngine`` implements JetStream's ``engine_api.Engine``; sao_jax uses JetStream's engine and
+tokenizer API only (not its orchestrator or gRPC server). Two facts about JetStream 0.2.2 are
+handled here and nowhere else:
 
 1. ``jetstream.engine.token_utils`` (imported by ``engine_api``) imports ``seqio`` at import time
    for its SentencePiece tokenizer, and JetStream's pip metadata pulls ``seqio`` and with it
@@ -9,21 +10,18 @@ else:
    JetStream with ``pip install --no-deps`` (see ``requirements-nodeps.txt``) and, when ``seqio`` is
    not importable, registers a stub ``seqio.vocabularies`` module whose two classes raise if ever
    instantiated. A real ``seqio``, when installed, is used untouched.
-2. JetStream's orchestrator calls ``jax.tree_map``, which current JAX removed; the orchestrator's
-   Driver thread then dies. ``jax.tree_map`` is aliased to ``jax.tree.map`` when missing.
-3. ``jetstream.core.orchestrator`` sets the *root* logger to DEBUG and adds a stdout handler at
-   import time (every generate step is then logged). ``server_lib()`` / ``orchestrator()`` import
-   it lazily (only the inference host needs it) and put the root logger back to its previous
-   level, with JetStream's handler at WARNING.
+2. Because of 1, ``pip install -e .`` cannot pull JetStream in (``pyproject.toml`` does not list
+   it): when it is missing, importing this module raises ``ImportError`` with the install command.
 
-Import JetStream only through this module: ``from sao_jax.rollout.jetstream_compat import engine_api``.
+Import JetStream only through this module:
+``from sao_jax.rollout.jetstream_compat import engine_api``.
 """
 
 import importlib.util
 import sys
 import types
 
-import jax
+JETSTREAM_INSTALL = "pip install --no-deps google-jetstream==0.2.2"
 
 
 def _install_seqio_stub() -> None:
@@ -50,51 +48,16 @@ def _install_seqio_stub() -> None:
   sys.modules["seqio.vocabularies"] = vocabularies
 
 
+if importlib.util.find_spec("jetstream") is None:
+  raise ImportError(
+      "google-jetstream is not installed (the rollout engine implements its Engine API). Install "
+      f"it without its dependencies (they pull TensorFlow, which sao_jax does not use): "
+      f"`{JETSTREAM_INSTALL}` (./install.sh does this).")
 _install_seqio_stub()
-if not hasattr(jax, "tree_map"):
-  jax.tree_map = jax.tree.map
 
 # pylint: disable=wrong-import-position
 from jetstream.engine import engine_api  # noqa: E402
 from jetstream.engine import tokenizer_api  # noqa: E402
 from jetstream.engine import tokenizer_pb2  # noqa: E402
 
-
-
-def _import_core(name: str):
-  import importlib  # pylint: disable=import-outside-toplevel  (imported with the stub installation, which must run first)
-  import logging  # pylint: disable=import-outside-toplevel  (imported with the stub installation, which must run first)
-  root = logging.getLogger()
-  level, handlers = root.level, list(root.handlers)
-  module = importlib.import_module(f"jetstream.core.{name}")
-  root.setLevel(level)
-  for h in root.handlers:
-    if h not in handlers:
-      h.setLevel(logging.WARNING)
-  return module
-
-
-def orchestrator():
-  """``jetstream.core.orchestrator`` (imported on first use, logging side effects undone)."""
-  return _import_core("orchestrator")
-
-
-def server_lib():
-  """``jetstream.core.server_lib`` (JetStream's gRPC server)."""
-  orchestrator()
-  return _import_core("server_lib")
-
-
-def config_lib():
-  """``jetstream.core.config_lib`` (``ServerConfig``)."""
-  return _import_core("config_lib")
-
-
-def decode_pb():
-  """(``jetstream_pb2``, ``jetstream_pb2_grpc``): JetStream's client API for ``Decode``."""
-  from jetstream.core.proto import jetstream_pb2, jetstream_pb2_grpc  # pylint: disable=import-outside-toplevel  (JetStream loads only after its stubs are in place)
-  return jetstream_pb2, jetstream_pb2_grpc
-
-
-__all__ = ["engine_api", "tokenizer_api", "tokenizer_pb2", "orchestrator", "server_lib",
-           "config_lib", "decode_pb"]
+__all__ = ["engine_api", "tokenizer_api", "tokenizer_pb2"]

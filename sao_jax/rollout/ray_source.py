@@ -1,7 +1,7 @@
 """``RaySource``: the ``TrajectorySource`` whose rollouts run in Ray actors
 (``rollout.backend="ray"``).
 
-Shape (DESIGN.md "Beyond one machine"): Ray starts and supervises N ``RolloutActor`` processes
+Shape (``docs/architecture.md``): Ray starts and supervises N ``RolloutActor`` processes
 (resources per actor from the config) and carries the control calls; weights move through
 ``rollout.weight_sync`` (``jax.experimental.transfer`` pulls, or the Ray object store); the
 driver keeps the prompt ledger, so accounting stays exactly-once across actor deaths.

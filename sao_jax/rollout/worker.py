@@ -220,6 +220,9 @@ class RolloutWorker:
     position = -1
     if isinstance(problem, Handout):  # from the prompt ledger: the position travels along
       problem, position = problem.problem, problem.position
+    begin = getattr(self.env, "begin_episode", None)
+    if begin is not None:  # an env with per-episode state (envs/workspace.py): its own handle
+      problem = begin(problem)
     prompt = list(self.env.prompt_ids(problem))
     if len(prompt) >= self.max_seq_len:
       raise ValueError(f"prompt of {len(prompt)} tokens for problem {getattr(problem, 'id', '?')} "
@@ -235,13 +238,11 @@ class RolloutWorker:
     next power of two of rows, capped at the slot count, so at most three row counts (8 / 16 /
     32 at 32 slots, 16 / 32 / 50 at 50; each a compile per prompt-length bucket); fewer (the
     steady state of continuous batching, one or two at a time): a one-row ``prefill_insert``
-    each, so no other row count is ever compiled -- on SmolLM2-135M every row count's compiles
-    cost ~50 s of CPU in the first steps. (Padding every group to all slots cost up to 4x the
-    compute: on ``configs/arith_tool.py`` ~13 groups of 8-27 prompts per 256 rollouts took
-    10-20 ms each, half of the rollout's prefill time. A one-row
-    ``prefill_insert`` attends over the prompt only and writes it in place: 53-71 vs 82-88 ms
-    for ``prefill`` + ``insert`` of a 14-token prompt at SmolLM2-135M size with a 1025-position
-    cache, level at the arith_tool size.) Other JetStream engines: ``prefill`` + ``insert``."""
+    each, so no other row count is ever compiled (on a real model each row count's compiles
+    cost tens of seconds of CPU in the first steps). Padding every group to all slots would
+    multiply the prefill compute; a one-row ``prefill_insert`` attends over the prompt only and
+    writes it in place, faster than ``prefill`` + ``insert`` at SmolLM2-135M size
+    (``benchmarks/RESULTS.md`` section 2). Other JetStream engines: ``prefill`` + ``insert``."""
     self._sync_weights()  # new prompts start on the newest weights
     admitted = []
     for i in range(len(self.slots)):
@@ -370,7 +371,8 @@ class RolloutWorker:
       self._finish(i, 0.0, truncated=True,
                    info=dict(step.info, truncated=True, finish_reason="max_turns"))
       return
-    if len(s.tokens) + len(obs) + 1 > self.max_seq_len or len(obs) + 1 > self.engine.max_prefill_length:
+    if (len(s.tokens) + len(obs) + 1 > self.max_seq_len
+        or len(obs) + 1 > self.engine.max_prefill_length):
       self._finish(i, 0.0, truncated=True,
                    info=dict(step.info, truncated=True, finish_reason="max_length"))
       return
@@ -394,6 +396,9 @@ class RolloutWorker:
   def _finish(self, i: int, reward: float, truncated: bool, info: dict) -> None:
     s = self.slots[i]
     self.slots[i] = None
+    end = getattr(self.env, "end_episode", None)
+    if end is not None:  # frees the episode's state (a workspace folder)
+      end(s.problem)
     info = dict(info, tool_calls=s.tool_calls)  # summed over the episode's turns
     traj = Trajectory(
         problem_id=str(getattr(s.problem, "id", "")),

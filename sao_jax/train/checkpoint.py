@@ -106,7 +106,8 @@ def _match(target: Any, raw: Any, path: str = "") -> Any:
   of ``target``; raises ValueError naming the first missing key or mismatched shape."""
   if isinstance(target, dict):
     if not isinstance(raw, dict):
-      raise ValueError(f"checkpoint: expected a mapping at {path or '/'}, found {type(raw).__name__}.")
+      raise ValueError(
+          f"checkpoint: expected a mapping at {path or '/'}, found {type(raw).__name__}.")
     out = {}
     for k, v in target.items():
       key = k if k in raw else str(k)

@@ -4,7 +4,8 @@ feeds, micro-batch planning, and the mesh-shape config string.
 Multi-controller model (JAX's own runtime): every process runs the same learner
 (``sao_jax.train.learner``) on the same config; each feeds only its own rows of the global
 batch; scalar metrics come back replicated on every process; only process 0 writes logs
-(``train.metrics.make_metric_writer``); orbax checkpoints are written and read by all processes together.
+(``train.metrics.make_metric_writer``); orbax checkpoints are written and read by all processes
+together.
 """
 
 from __future__ import annotations

@@ -48,6 +48,8 @@ METRICS: dict[str, MetricDef] = {
                    "tool at least once"),
     "response_tokens_mean": _m("tokens", "outcome", "mean action (policy-sampled) tokens per "
                                "trajectory"),
+    "obs_tokens_mean": _m("tokens", "outcome", "swe / swe_lite: mean observation (tool output) "
+                          "tokens per trajectory, prompt excluded"),
     "failed": _m("trajectories", "outcome", "trajectories in the batch whose environment or "
                  "reward function raised (recorded with reward 0, see `info['error']`)"),
     # ---- DIS (policy) --------------------------------------------------------------------------

@@ -1,11 +1,14 @@
 """Training modes of the one trainer: what each mode means and the plumbing it needs.
 
-| mode         | rollouts / prompt | critic | default objective | default advantages        | waits |
-|--------------|-------------------|--------|-------------------|---------------------------|-------|
-| `sao`        | 1                 | yes    | `dis`             | `skip_obs_gae`            | no    |
-| `vapo`       | 1                 | yes    | `ppo_clip`        | `skip_obs_gae`            | no    |
-| `grpo_async` | G (group_size)    | no     | `ppo_clip`        | `grpo` (group-normalised) | no: groups are consumed as they complete, stale |
-| `grpo_sync`  | G                 | no     | `ppo_clip`        | `grpo`                    | yes: batch n is generated with weights n-1 only, and step n waits for its slowest rollout |
+| mode         | rollouts / prompt | critic | default objective | default advantages       | waits |
+|--------------|-------------------|--------|-------------------|--------------------------|-------|
+| `sao`        | 1                 | yes    | `dis`             | `skip_obs_gae`           | no    |
+| `vapo`       | 1                 | yes    | `ppo_clip`        | `skip_obs_gae`           | no    |
+| `grpo_async` | G (group_size)    | no     | `ppo_clip`        | `grpo` (group-normalised)| no    |
+| `grpo_sync`  | G                 | no     | `ppo_clip`        | `grpo`                   | yes   |
+
+`grpo_async` consumes groups as they complete (stale); in `grpo_sync` batch n is generated with
+weights n-1 only, and step n waits for its slowest rollout.
 
 ``train.objective`` / ``train.advantage_estimator`` = "auto" pick the defaults above; any other
 value overrides them (e.g. `sao` + `running_mean_prompt` is the paper's running-mean-baseline

@@ -72,8 +72,8 @@ def cached_sft(cache_dir: str, key: str, params, train: Callable[[], tuple]) -> 
   arms from the same seed train it once (the loaded parameters are bit-identical to retraining).
   ``cache_dir`` "" turns the cache off. The file is written to a temporary name and renamed, so a
   killed run never leaves a half-written warm start. ``params`` (a pure dict) gives the tree
-  structure and dtypes (``train`` may donate its buffers); a cached file whose tensors do not match it raises ValueError naming the
-  file (delete it to retrain)."""
+  structure and dtypes (``train`` may donate its buffers); a cached file whose tensors do not
+  match it raises ValueError naming the file (delete it to retrain)."""
   if not cache_dir:
     return train()
   path = os.path.join(cache_dir, f"sft-{key}.safetensors")

@@ -26,8 +26,6 @@ import math
 from typing import Any, Mapping, Optional, Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import optax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
@@ -220,17 +218,3 @@ def abstract_like(tree: Any, shardings: Any) -> Any:
   checkpoint out on a (possibly different) mesh."""
   return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                       tree, shardings)
-
-
-def bytes_per_device(tree: Any) -> dict[Any, int]:
-  """Bytes each device holds of a pytree of jax Arrays (from ``addressable_shards``)."""
-  out: dict[Any, int] = {}
-  for leaf in jax.tree.leaves(tree):
-    for shard_ in leaf.addressable_shards:
-      out[shard_.device] = out.get(shard_.device, 0) + shard_.data.nbytes
-  return out
-
-
-def total_bytes(tree: Any) -> int:
-  """Bytes of one full copy of a pytree (shapes x itemsize)."""
-  return int(sum(np.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))

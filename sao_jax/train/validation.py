@@ -14,7 +14,7 @@
 Each problem is reported as ``config.<field> = <value>: <what is wrong>; fix: <how>``.
 
 The consumers (``train/modes.py:resolve``, ``rollout/staleness.py:check_policy``,
-``SAOConfig.__post_init__``, the objectives, ...) keep their own checks; this pass runs first, in
+``LearnerConfig``, the objectives, ...) keep their own checks; this pass runs first, in
 ``sao_jax/main.py`` right after the flags are parsed, so that a bad value costs seconds, not a
 supervised warm-up.
 """
@@ -47,11 +47,6 @@ def enum_choices() -> dict[str, tuple]:
           if spec.choices is not None}
 
 
-def reference_schema() -> dict[str, tuple]:
-  """Field name -> allowed Python types, from ``sao_jax/roles.py``."""
-  return {name: spec.types for name, spec in roles.fields().items()}
-
-
 Rule = tuple  # (field, ok(value) -> bool, what must hold, fix, other fields ok() reads)
 
 
@@ -76,7 +71,7 @@ def _regexes_ok(patterns) -> bool:
 
 def _lam_policy_ok(v) -> bool:
   """'adaptive', or a number in [0, 1]; the field's default is a string, so ml_collections keeps
-  ``--config.train.lam_policy=0.95`` as the string '0.95' (``steps.make_advantage_fn`` reads it
+  ``--config.train.lam_policy=0.95`` as the string '0.95' (``steps.targets_from_values`` reads it
   with ``jnp.float32``)."""
   if v == "adaptive":
     return True
@@ -93,10 +88,6 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
   ``reads`` names the other fields ``ok`` looks at: the rule is skipped when one of them has a
   wrong type (that problem is reported on its own). ``num_devices`` None skips the rules that
   need the device count."""
-  pos = lambda v: v > 0
-  nonneg = lambda v: v >= 0
-  unit = lambda v: 0.0 <= v <= 1.0
-  half_open = lambda v: 0.0 <= v < 1.0
   mode, objective, estimator = _resolved(flat)
   grouped = str(mode).startswith("grpo")
   r = [
@@ -250,15 +241,24 @@ def run_dir_problems(run_dir: str) -> list[str]:
 
 
 def checkpoint_dir_problems(checkpoint_dir: str) -> list[str]:
-  """``model.checkpoint_dir`` ("" = none) must be a Hugging Face folder (``config.json``) or a
+  """``model.checkpoint_dir`` ("" = none) must be a Hugging Face folder (``config.json``), a hub
+  id in the hub cache or downloadable (``sao_jax.hub``), or a
   sao_jax checkpoints folder holding at least one complete step (a folder named by its step;
   orbax's half-written ones carry a suffix). A run folder is refused pointing at its
-  ``checkpoints/`` subfolder. Reads the file system only."""
+  ``checkpoints/`` subfolder. Reads the file system (and the hub cache or hub for a hub id)."""
   if not checkpoint_dir:
     return []
+  from sao_jax import hub  # pylint: disable=import-outside-toplevel
   from sao_jax.pretrained import is_run_folder  # pylint: disable=import-outside-toplevel
+  if hub.is_hub_id(checkpoint_dir):  # a Hugging Face hub id: in the cache, or downloadable
+    try:
+      hub.resolve_checkpoint_dir(checkpoint_dir)
+    except FileNotFoundError as e:
+      return [str(e)]
+    return []
   d = checkpoint_dir
-  fix = ("give a Hugging Face folder (config.json + *.safetensors + tokenizer.json) or a sao_jax "
+  fix = ("give a Hugging Face folder (config.json + *.safetensors + tokenizer.json) or hub id "
+         "(Qwen/Qwen3-0.6B), or a sao_jax "
          "run's checkpoints folder, e.g. --config.model.checkpoint_dir=runs/arith_tool/checkpoints")
   if not os.path.exists(d):
     return [f"config.model.checkpoint_dir = {d!r}: does not exist; fix: {fix}"]

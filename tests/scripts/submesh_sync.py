@@ -108,7 +108,8 @@ def main():
       "decode_state_devices": sorted(d.id for d in worker.state.lengths.sharding.device_set),
       "overlap_s": overlap, "generate_steps_during_training": gens_during_train,
       "generate_steps": len(gen_intervals), "versions_seen": sorted(versions_seen),
-      "engine_version": worker.version, "store_version": store.version, "worker_error": repr(worker.error)}))
+      "engine_version": worker.version, "store_version": store.version,
+      "worker_error": repr(worker.error)}))
 
 
 if __name__ == "__main__":
