@@ -147,6 +147,7 @@ def test_groups_arrive_whole_and_every_prompt_is_consumed_once(tmp_path):
   assert len(lines) == 3
 
 
+@pytest.mark.slow
 def test_drop_policy_reports_generated_trained_and_dropped_lengths():
   """eta = 0 and a publish after every take: most queued rollouts arrive one version late and
   are dropped; the report keeps the three lengths apart."""

@@ -49,6 +49,7 @@ def env():
                      instruction=chat_arith.INSTRUCTION)
 
 
+@pytest.mark.slow
 @needs_smollm2
 def test_grading_of_scripted_responses(env):
   tok = env.tokenizer

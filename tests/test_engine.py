@@ -69,6 +69,7 @@ def test_multi_turn_rollout_logprobs_equal_recomputed():
   assert any(((t.action_mask[:-1] == 0) & (np.arange(len(t.tokens) - 1) > 3)).any() for t in out)
 
 
+@pytest.mark.slow
 def test_weight_update_mid_trajectory_records_versions():
   """A trajectory generated across a weight change carries both versions per token."""
   model, graphdef, params, engine = _setup(temperature=1.0, slots=1)
@@ -184,6 +185,7 @@ def test_greedy_slots_across_live_length_buckets_equal_full_forward():
     _assert_greedy_equals_full_forward(model, p, seqs[i], lps[i])
 
 
+@pytest.mark.slow
 def test_prefill_chunk_past_the_cache_end_drops_the_padding():
   """A padded observation chunk that runs past ``cache_len`` (= max_seq_len + 1): the padding
   beyond the end is dropped, the true tokens are cached, and the next token's log-prob equals a
@@ -290,6 +292,7 @@ def test_prefill_insert_appends_an_observation_in_place_equal_to_a_full_forward(
   _assert_greedy_equals_full_forward(model, seq1[:n + 4], seq1, obs_lps)
 
 
+@pytest.mark.slow
 def test_multi_step_decode_rollout_logprobs_equal_recomputed_inline_and_pooled():
   """``RolloutWorker(decode_steps=4)``: turns end part-way through an engine call (stop tokens,
   ``max_new_tokens``), the rest of the call is discarded, observations are prefilled at the

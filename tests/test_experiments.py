@@ -133,6 +133,7 @@ def test_stability_collapse_rule():
   assert stability.collapse_step(steps[:2], np.array([0.05, 0.0])) is None  # best < 0.1
 
 
+@pytest.mark.slow
 def test_throughput_quick(tmp_path):
   async_throughput.run(True, str(tmp_path))
   rows = _check_outputs(str(tmp_path), "async_throughput",

@@ -17,6 +17,7 @@ CFG = ModelConfig(vocab_size=61, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2
                   d_ff=64, max_seq_len=32)
 
 
+@pytest.mark.slow
 def test_kv_cache_decoding_equals_full_forward():
   model = Transformer(CFG, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(1), (3, 12), 0, CFG.vocab_size)
@@ -31,6 +32,7 @@ def test_kv_cache_decoding_equals_full_forward():
   np.testing.assert_allclose(jnp.concatenate(outs, 1), full, atol=2e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_kv_cache_rows_at_different_positions():
   """Each row decodes at its own offset (continuous batching): row 1 is 3 tokens behind."""
   model = Transformer(CFG, rngs=nnx.Rngs(0))
@@ -97,6 +99,7 @@ def test_config_rejects_bad_heads():
     ModelConfig(vocab_size=10, n_heads=3, n_kv_heads=2)
 
 
+@pytest.mark.slow
 def test_blocked_training_attention_equals_one_block_over_the_cache():
   """150 tokens: the no-cache forward attends in query blocks of 64 rows (64, 64, 22), each over
   the keys up to its last row only; a KV-cache prefill of the same tokens attends in one block

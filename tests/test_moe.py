@@ -100,6 +100,7 @@ def _tokens(b=2, t=12, seed=0):
   return jnp.asarray(np.random.default_rng(seed).integers(0, CFG.vocab_size, (b, t)), jnp.int32)
 
 
+@pytest.mark.slow
 def test_routed_model_equals_dense_no_cache_with_gradients():
   g_r, g_d, params = _pair()
   tokens = _tokens()
@@ -124,6 +125,7 @@ def test_routed_model_equals_dense_no_cache_with_gradients():
   assert int(jnp.sum(jnp.abs(experts).sum((1, 2)) > 0)) >= 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_routed_model_equals_dense_prefill_and_decode(dtype):
   cfg = dataclasses.replace(CFG, dtype=dtype)
@@ -147,6 +149,7 @@ def test_routed_model_equals_dense_prefill_and_decode(dtype):
                                np.asarray(out[id(g_d)], np.float32), atol=tol, rtol=tol)
 
 
+@pytest.mark.slow
 def test_load_balancing_loss_matches_transformers_function():
   torch = pytest.importorskip("torch")
   qwen3_moe = pytest.importorskip("transformers.models.qwen3_moe.modeling_qwen3_moe")
@@ -179,6 +182,7 @@ def _batch():
   return Batch.of(tokens, mask, rollout_logprobs=logp), jnp.asarray(mask)
 
 
+@pytest.mark.slow
 def test_policy_and_critic_steps_add_router_aux_loss():
   batch, mask = _batch()
   adv = jnp.asarray(np.random.default_rng(4).normal(size=(4, 16)), jnp.float32) * mask

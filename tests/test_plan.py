@@ -161,6 +161,7 @@ def test_advice_names_the_fields_of_what_does_not_fit():
   assert "only more chips help" in states[0]
 
 
+@pytest.mark.slow
 def test_an_abstract_learner_holds_shapes_with_shardings_and_counts_model_flops():
   config = configs.load("arith_tool", "smoke")
   mcfg = plan.model_config(config)
@@ -193,6 +194,7 @@ def test_an_abstract_learner_holds_shapes_with_shardings_and_counts_model_flops(
 @pytest.mark.parametrize("name, total, non_embedding", [
     ("qwen3-0.6b", 0.6, 0.44), ("qwen3-1.7b", 1.7, 1.4), ("qwen3-8b", 8.2, 6.95),
     ("qwen3-30b-a3b", 30.5, 29.9)])
+@pytest.mark.slow
 def test_presets_have_the_published_parameter_counts(name, total, non_embedding):
   """The Qwen3 model cards' counts (billions; non-embedding leaves out the embedding and an
   untied LM head), from the presets' abstract shapes."""

@@ -8,6 +8,7 @@ parameters in place moves almost none of them; the float32 master copy moves nea
 
 from __future__ import annotations
 
+import pytest
 import dataclasses
 import os
 import sys
@@ -46,6 +47,7 @@ def _floating_dtypes(tree) -> set:
           if jnp.issubdtype(x.dtype, jnp.floating)}
 
 
+@pytest.mark.slow
 def test_aime_precision_policy_step_moves_the_float32_master():
   """One SAO step (K = 2 critic updates + one policy update) at aime.py's precision and lr on a
   tiny random Qwen3 whose parameters are bf16: >= 99% of the policy's trainable weights change
@@ -87,6 +89,7 @@ def test_random_init_honours_param_dtype():
   assert _floating_dtypes(params) == {"bfloat16"}
 
 
+@pytest.mark.slow
 def test_sft_warm_up_updates_a_float32_master():
   """30 SFT steps at lr 1e-4 on bf16 parameters: each step is below half a bf16 ulp of most
   weights, but the float32 master accumulates them, so most of the returned (bf16) weights

@@ -53,6 +53,7 @@ def _run_across_update(kv_on_update):
   return graphdef, params, params2, out[0], worker
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_on_update", ["keep", "recompute"])
 def test_inflight_update_logprobs_match_the_weights_that_produced_each_token(kv_on_update):
   graphdef, params, params2, traj, worker = _run_across_update(kv_on_update)
@@ -121,6 +122,7 @@ def test_stop_string_and_finish_reasons():
   assert out3[0].info["finish_reason"] == "max_length" and len(out3[0].tokens) == 10
 
 
+@pytest.mark.slow
 def test_worker_admission_control_caps_rollouts_started_ahead_of_the_trainer():
   """eta=1, B=2: with the trainer stuck at version 0 at most (1 + 1) * 2 = 4 rollouts start."""
   _, params, engine = _setup(slots=3)
@@ -187,6 +189,7 @@ def _slow_run(env_workers, slow_s, n=7, slots=3):
   return graphdef, params, out, {k: v - t0 for k, v in times.items()}, worker
 
 
+@pytest.mark.slow
 def test_slow_tool_call_does_not_stop_other_slots_with_env_workers():
   """SAO's rollout with env.step off the decode loop: while "slow" waits 2 s on its tool call,
   its two slot neighbours finish and the remaining problems run through those two slots; "slow"
@@ -213,6 +216,7 @@ def test_slow_tool_call_does_not_stop_other_slots_with_env_workers():
     np.testing.assert_allclose(traj.logprobs[mask], full[b, :len(traj.tokens)][mask], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_inline_env_step_blocks_every_slot():
   """Contrast (env_workers=0, the deterministic default): the slow tool call stops decoding for
   all slots, so no trajectory can finish before it returns."""
@@ -220,6 +224,7 @@ def test_inline_env_step_blocks_every_slot():
   assert min(done_at.values()) >= 1.0
 
 
+@pytest.mark.slow
 def test_kv_recompute_applies_to_a_slot_waiting_on_its_env():
   """kv_on_update="recompute" + a weight update while the slot's tool call is in flight: the
   waiting slot's KV cache is recomputed too, so the tokens after the tool call have exactly the new

@@ -28,6 +28,7 @@ def _train(graphdef, params, calls):
   return sft.train_sft(graphdef, params, DEMOS, pad_id=0, steps_=3, batch_size=4, lr=1e-2, seed=7)
 
 
+@pytest.mark.slow
 def test_sft_is_deterministic_and_the_cache_returns_the_same_bits(tmp_path):
   graphdef, params = _model()
   calls = []
@@ -52,6 +53,7 @@ def test_sft_is_deterministic_and_the_cache_returns_the_same_bits(tmp_path):
   assert len(calls) == 4
 
 
+@pytest.mark.slow
 def test_sft_cache_for_another_model_is_refused_with_the_file_name(tmp_path):
   graphdef, params = _model()
   sft.cached_sft(str(tmp_path), "k", params, lambda: _train(graphdef, params, []))

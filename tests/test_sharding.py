@@ -138,6 +138,7 @@ def test_microbatch_plan():
   assert distributed.microbatch_plan(100, 512, 0, batch_shards=8) == (104, 1)
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_in_the_learner_matches_one_pass():
   """mesh.tokens_per_device = 4 rows of 32 tokens: 14 trajectories become 4 micro-batches of 4
   rows (2 empty padding rows) with the one-pass losses, metrics and params."""
@@ -162,6 +163,7 @@ def test_gradient_accumulation_in_the_learner_matches_one_pass():
   assert H.max_abs_diff(pp, H.make_models()[1]) == 0.0
 
 
+@pytest.mark.slow
 def test_policy_minibatches_move_the_ratio_and_the_clip_acts():
   """PPO-family baselines (issue 16 item 4): with M = 4 mini-batch updates per batch the old
   policy is the one at the batch's start, so from the second mini-batch on the ratio leaves 1
@@ -187,6 +189,7 @@ def test_policy_minibatches_move_the_ratio_and_the_clip_acts():
     lr.step(*lr.batch(trajs))
 
 
+@pytest.mark.slow
 def test_running_mean_advantages_are_reward_minus_the_window_mean():
   """The learner's running-mean estimator end to end: the first batch meets empty windows
   (advantage = reward, fraction non-empty 0); the same prompts again with the rewards flipped
@@ -425,6 +428,7 @@ def test_value_extremes_of_a_batch_without_action_tokens_are_nan_not_inf():
   assert (float(m["value_min"]), float(m["value_max"])) == (-0.25, 0.5)  # action tokens only
 
 
+@pytest.mark.slow
 def test_value_pretraining_step_moves_only_the_critic():
   """``critic_only_step`` (train.critic_warmup_steps > 0): K critic updates, no policy update."""
   pg, pp, cg, cp = H.make_models()
