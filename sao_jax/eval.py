@@ -68,7 +68,7 @@ from sao_jax.data import split
 FLAGS = flags.FLAGS
 
 
-# ---- estimators (pure) ----------------------------------------------------------------------------
+# ---- estimators (pure) ---------------------------------------------------------------------------
 def pass_at_k(n: int, c: int, k: int) -> float:
   """Unbiased pass@k for one problem: 1 - C(n - c, k) / C(n, k).
 
@@ -105,7 +105,8 @@ def summarize(outcomes: dict[str, Sequence[bool]], ks: Sequence[int]) -> dict:
     ks: k values, each 1 <= k <= n.
   Returns:
     ``{"problems": P, "n": n, "pass@k": {"mean", "stderr"}, ..., "pass@1": {..., "stderr_runs"},
-    "per_problem": {id: {"n", "correct"}}}``. stderr is 0.0 when P == 1; stderr_runs 0.0 when n == 1.
+    "per_problem": {id: {"n", "correct"}}}``. stderr is 0.0 when P == 1; stderr_runs 0.0
+    when n == 1.
   Raises ValueError on no problems or unequal sample counts (naming a problem).
   """
   if not outcomes:
@@ -156,7 +157,7 @@ def evaluate_pass_at_k(problems: Sequence, rollout: Callable[[list], list], n: i
   return summarize(outcomes, ks)
 
 
-# ---- sampling backends ----------------------------------------------------------------------------
+# ---- sampling backends ---------------------------------------------------------------------------
 def responses_rollout(path: str, problems: Sequence) -> Callable[[list], list]:
   """A rollout that grades responses from ``path`` (JSONL ``{"id", "response"}``) with
   ``sao_jax.envs.grading.grade``; sample j of a problem is its j-th line in the file."""
@@ -384,12 +385,14 @@ def define_flags() -> None:
   flags.DEFINE_list("k", [], "k values of pass@k (each <= n); default: 1, 2, 4, ... up to n.")
   flags.DEFINE_float("temperature", 1.0, "sampling temperature (paper: 1.0; 0 = greedy).")
   flags.DEFINE_float("top_p", 1.0, "nucleus top-p; only 1.0 (the full distribution) is supported.")
-  flags.DEFINE_integer("max_new_tokens", 0, "per-turn token cap; 0 = config.rollout.max_new_tokens.")
+  flags.DEFINE_integer("max_new_tokens", 0,
+                       "per-turn token cap; 0 = config.rollout.max_new_tokens.")
   flags.DEFINE_integer("limit", 0, "evaluate only the first LIMIT problems (0 = all).")
   flags.DEFINE_integer("seed", 0, "sampling seed.")
   flags.DEFINE_string("responses", "", "grade these responses instead of sampling: JSONL with "
                       "{'id', 'response'} per sample.")
-  flags.DEFINE_string("out", "", "result JSON path; default <checkpoint or run_dir>/eval/<name>.json.")
+  flags.DEFINE_string("out", "",
+                      "result JSON path; default <checkpoint or run_dir>/eval/<name>.json.")
   flags.DEFINE_string("protocol", "", "'paper': the paper's evaluation (AIME 2025, HMMT Feb 2025, "
                       "BeyondAIME, IMO-AnswerBench; 16 samples, 4 for BeyondAIME; temperature "
                       "1.0, top-p 1.0) and its per-benchmark table; --n / --limit shrink it.")

@@ -414,11 +414,12 @@ def learner_flops(config, mcfg, rows: int = 0) -> dict[str, float]:
 
   Counted by XLA's cost analysis of the steps as traced (``Lowered.cost_analysis`` on one CPU
   device: seconds, nothing compiled), at full depth, without remat (its recomputed forward is
-  not model FLOPs), a routed MoE as its routed FLOPs (``routed_flops_equivalent``), with one micro-batch and one mini-batch --
-  the cost analysis counts a loop body once, and micro-batching does not change the arithmetic
-  (the old-policy forward of ``train.policy_minibatches`` > 1 is left out). Per chip, the slice
-  divides these by its chip count (the model-FLOPs convention of MFU: compute a partitioning
-  repeats on several chips is not counted)."""
+  not model FLOPs), a routed MoE as its routed FLOPs (``routed_flops_equivalent``), with one
+  micro-batch and one mini-batch -- the cost analysis counts a loop body once, and
+  micro-batching does not change the arithmetic (the old-policy forward of
+  ``train.policy_minibatches`` > 1 is left out). Per chip, the slice divides these by its chip
+  count (the model-FLOPs convention of MFU: compute a partitioning repeats on several chips is
+  not counted)."""
   import jax  # pylint: disable=import-outside-toplevel
   from sao_jax.train import sharding  # pylint: disable=import-outside-toplevel
 

@@ -115,11 +115,11 @@ def test_swe_task_needs_instances_and_reads_swe_bench_jsonl(tmp_path, instances)
   c = configs.load("swe", "smoke")
   c.task.train_file = ""
   with pytest.raises(ValueError, match="task.train_file"):
-    tasks.make_task(c)
+    tasks.make_task(roles.from_config(c))
   path = tmp_path / "inst.jsonl"
   swebench.write_instances(path, instances["eval"][:6])
   c.task.train_file, c.task.eval_file, c.task.n_eval = str(path), "", 2
-  task = tasks.make_task(c)
+  task = tasks.make_task(roles.from_config(c))
   assert [p.id for p in task.eval_problems] == [i.instance_id for i in instances["eval"][4:6]]
   assert len(task.train_problems) == 4 and task.sft_demos is None
   run = roles.from_config(configs.load("swe"))
@@ -142,9 +142,11 @@ def _smoke(config, tmp_path):
   return rows
 
 
+@pytest.mark.slow
 def test_swe_lite_smoke_runs_end_to_end(tmp_path):
   _smoke("configs/swe_lite.py:smoke", tmp_path)
 
 
+@pytest.mark.slow
 def test_swe_smoke_runs_end_to_end(tmp_path):
   _smoke("configs/swe.py:smoke", tmp_path)

@@ -302,7 +302,8 @@ def batch_metrics(trajs) -> dict[str, float]:
 def build_task(run, tok):
   """``task.name='swe_lite'``: generated instances (module doc), ``task.n_train`` / ``n_eval``
   of the train / eval modules, ``sft.num_demos`` demonstrations that fix w.p. ``sft.p_tool``
-  (cut to ``model.max_seq_len`` tokens). Test runs are cached (the generated tests are deterministic)."""
+  (cut to ``model.max_seq_len`` tokens). Test runs are cached (the generated tests are
+  deterministic)."""
   from sao_jax import tasks  # pylint: disable=import-outside-toplevel  (tasks imports envs)
   t = run.task
   train = make_instances("train", run.seed, t.n_train)

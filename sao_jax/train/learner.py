@@ -163,19 +163,21 @@ class Learner:
     est = algo.get_estimator(self.spec.estimator)
     self._baseline, self.baseline_nonempty_fraction = None, 0.0
     if est.baseline_window:
+      per_prompt = est.baseline_window == "prompt"
       self._baseline = RunningMeanBaseline(
-          cfg.train.baseline_window if est.baseline_window == "prompt" else cfg.train.global_baseline_window,
-          per_key=est.baseline_window == "prompt")
+          cfg.train.baseline_window if per_prompt else cfg.train.global_baseline_window,
+          per_key=per_prompt)
     self.policy_tx = optim.make_optimizer(policy_params, lr=cfg.train.policy_lr,
-                                          max_grad_norm=cfg.train.max_grad_norm, eps=cfg.train.adam_eps)
+                                          max_grad_norm=cfg.train.max_grad_norm,
+                                          eps=cfg.train.adam_eps)
     self.policy_sh = sharding.make_step_shardings(self.mesh, policy_params, self.policy_tx)
     self.policy = self._init_state(policy_params, self.policy_tx, self.policy_sh)
     self.critic = self.critic_tx = self.critic_sh = None
     if self.uses_critic:
       # the critic's lr warm-up is counted in policy steps (K optimizer updates per step)
       self.critic_tx = optim.make_optimizer(
-          critic_params, lr=cfg.train.critic_lr, max_grad_norm=cfg.train.max_grad_norm, eps=cfg.train.adam_eps,
-          b1=cfg.train.critic_b1,
+          critic_params, lr=cfg.train.critic_lr, max_grad_norm=cfg.train.max_grad_norm,
+          eps=cfg.train.adam_eps, b1=cfg.train.critic_b1,
           warmup_steps=cfg.train.critic_lr_warmup_steps * cfg.train.critic_updates_per_step,
           frozen_patterns=cfg.critic_frozen_patterns)
       self.critic_sh = sharding.make_step_shardings(self.mesh, critic_params, self.critic_tx)
@@ -221,7 +223,8 @@ class Learner:
     rows = self.batch_sharding
     target_kwargs = dict(estimator=self.spec.estimator, gamma=cfg.train.gamma,
                          lam_policy=cfg.lam_policy, lam_alpha=cfg.train.lam_alpha,
-                         lam_critic=cfg.train.lam_critic, bootstrap_truncated=cfg.train.bootstrap_truncated,
+                         lam_critic=cfg.train.lam_critic,
+                         bootstrap_truncated=cfg.train.bootstrap_truncated,
                          grpo_eps=GRPO_EPS, value_bounds=cfg.value_bounds,
                          center_advantages=cfg.train.center_advantages)
     targets = jax.jit(

@@ -127,7 +127,8 @@ def run(config) -> dict[str, Any]:
       metrics["nonfinite_skipped"] = float(guard.check(step, metrics))  # raises after N in a row
       version += 1
       source.publish(learner.policy_params(), version)
-      metrics.update(_trajectory_metrics(trajs), **task.batch_metrics(trajs), **source.metrics(), policy_version=version,
+      metrics.update(_trajectory_metrics(trajs), **task.batch_metrics(trajs), **source.metrics(),
+                     policy_version=version,
                      train_s=time.perf_counter() - t0, elapsed_s=time.time() - t_job,
                      nonfinite_total=float(guard.total), step_t_begin=step_t_begin,
                      step_t_publish=time.time())
