@@ -69,3 +69,11 @@ def test_importing_every_module_loads_no_optional_package():
                         timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_ruff_check_is_clean():
+  """`ruff check .` (the pinned ruff of requirements.txt, settings in pyproject.toml) finds
+  nothing."""
+  proc = subprocess.run([sys.executable, "-m", "ruff", "check", ".", "--output-format=concise"],
+                        cwd=ROOT, capture_output=True, text=True, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-1000:]
