@@ -7,8 +7,10 @@ shapes of ``configs/smollm2_arith.py``: SmolLM2-135M (49,152-token vocabulary, 3
 Random weights of the SmolLM2-135M shape (the step's memory and time do not depend on the
 values). The step runs in a fresh subprocess per setting (``--repo`` chooses the checkout whose
 ``sao_jax`` it imports, so one script measures two commits); each subprocess reports the peak
-resident set growth over the step (``VmHWM`` after - ``VmRSS`` before the first step, from
-/proc/self/status, so compilation counts too), the XLA temp bytes of the compiled policy and
+resident set growth over the steps (``VmHWM`` after - ``VmRSS`` before the first step, from
+/proc/self/status, so compilation counts too), the peak growth within the steps after the
+first (the high-water mark reset through /proc/self/clear_refs: a step's own transient), the
+resident growth after each step (a leak would climb), the XLA temp bytes of the compiled policy and
 critic programs (``memory_analysis()``), and the median wall time of ``--repeats`` steps after
 one warm-up step. ``--tokens_per_device 0`` is one pass over the whole batch (no
 micro-batching); the config's 384 gives micro-batches of 4 rows.
@@ -35,14 +37,18 @@ def status(key):
 
 import jax, numpy as np
 from flax import nnx
-from sao_jax import build, configs, roles
+from sao_jax import configs
 from sao_jax.models.presets import get_preset
 from sao_jax.models.transformer import Transformer
 from sao_jax.rollout.trajectory import Trajectory
 
 config = configs.load("smollm2_arith")
 config.mesh.tokens_per_device = tokens_per_device
-config = roles.from_config(config)
+try:  # commits before the composition root built the learner in train/setup.py from the config
+  from sao_jax.train import setup as build
+except ImportError:
+  from sao_jax import build, roles
+  config = roles.from_config(config)
 mcfg = get_preset("smollm2-135m", max_seq_len=config.model.max_seq_len)
 graphdef, params = nnx.split(Transformer(mcfg, rngs=nnx.Rngs(0)))
 policy = build.Policy(mcfg, graphdef, nnx.to_pure_dict(params), "random")
@@ -60,13 +66,20 @@ for i in range(B):
       logprobs=np.asarray([0.0] * P + (-rng.random(n) - 1).tolist(), np.float32),
       policy_version=np.asarray([-1] * P + [0] * n, np.int32), reward=float(i % 2)))
 rss0 = status("VmRSS")
-times = []
+times, rss_steps = [], []
 for i in range(repeats + 1):
+  if i == 1:  # after the warm-up step (which compiles): reset the high-water mark
+    peak = status("VmHWM") - rss0
+    rss1 = status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
   t0 = time.perf_counter()
   out = learner.train_step(trajs, policy_version=1)
   jax.block_until_ready(learner.policy.params)
   times.append(time.perf_counter() - t0)
-peak = status("VmHWM") - rss0
+  rss_steps.append(round((status("VmRSS") - rss0) / 2**30, 3))
+peak = max(peak, status("VmHWM") - rss0)
+steady = status("VmHWM") - rss1
 batch, micro = learner.batch(trajs)
 fns = learner.jitted_steps(micro)
 temps = {}
@@ -79,7 +92,9 @@ try:
 except Exception as e:  # a different step signature on another commit
   temps["temp_bytes_error"] = repr(e)[:200]
 print(json.dumps({"tokens_per_device": tokens_per_device, "microbatches": micro,
-                  "peak_rss_growth_gb": peak / 2**30, "step_s": statistics.median(times[1:]),
+                  "peak_rss_growth_gb": peak / 2**30, "steady_peak_rss_growth_gb": steady / 2**30,
+                  "rss_growth_after_each_step_gb": rss_steps,
+                  "step_s": statistics.median(times[1:]),
                   "first_step_s": times[0], "policy_loss": out.get("policy_loss"),
                   **{k: (v / 2**30 if isinstance(v, int) else v) for k, v in temps.items()}}))
 """
