@@ -36,7 +36,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.rollout.queue_size = 64
 
   # measured (benchmarks/smollm2_step_memory.py, RESULTS section 5b): one whole SAO step on all
-  # 16 rows at once grows the process by 4.7-7.7 GB (2.2-4.8 GB in 4 micro-batches), so no
+  # 16 rows at once grows the process by about 4.2 GB (2.2-4.8 GB in 4 micro-batches), so no
   # micro-batching is needed for memory on a 24 GB host; kept because the step is no slower
   # with it (45-47 s vs 50-53 s whole, on one core)
   c.mesh.tokens_per_device = 384           # micro-batches of 4 rows of 96 tokens
