@@ -86,6 +86,27 @@ def extract_code(text: str) -> Optional[str]:
   return blocks[-1] if blocks else None
 
 
+def encode_prompt(tokenizer, text: str) -> list[int]:
+  """``text``'s token ids (ints), with ``tokenizer.bos_id`` in front when the tokenizer has one,
+  has no chat template (a template writes its own start) and did not put it there itself."""
+  ids = [int(i) for i in tokenizer.encode(text)]
+  bos = getattr(tokenizer, "bos_id", None)
+  if not getattr(tokenizer, "chat_template", None) and bos is not None and (
+      not ids or ids[0] != bos):
+    ids.insert(0, int(bos))
+  return ids
+
+
+def special_token_ids(tokenizer) -> frozenset:
+  """The tokenizer's stop, special, BOS and pad ids (ints; absent ones skipped): ids an
+  observation must not contain."""
+  return frozenset(
+      int(i) for i in (*(getattr(tokenizer, "stop_ids", ()) or ()),
+                       *getattr(tokenizer, "special_ids", ()),
+                       getattr(tokenizer, "bos_id", None), getattr(tokenizer, "pad_id", None))
+      if i is not None)
+
+
 def cut_middle(text: str, max_chars: int) -> str:
   """``text`` if it has at most ``max_chars`` characters, else its first and last
   ``max_chars // 2`` characters around ``...[N characters cut]...``."""
@@ -139,11 +160,7 @@ class TirMathEnv:
     self.limits = limits
     self.max_output_chars = int(max_output_chars)
     self.system = INSTRUCTION if system is None else system
-    self._no_obs_ids = frozenset(
-        int(i) for i in (*(getattr(tokenizer, "stop_ids", ()) or ()),
-                         *getattr(tokenizer, "special_ids", ()),
-                         getattr(tokenizer, "bos_id", None), getattr(tokenizer, "pad_id", None))
-        if i is not None)
+    self._no_obs_ids = special_token_ids(tokenizer)
     if check_sandbox:
       sandbox_check(limits)
 
@@ -156,12 +173,7 @@ class TirMathEnv:
     return f"{self.system}\n\n{problem.prompt}\n"
 
   def prompt_ids(self, problem: Problem) -> list[int]:
-    ids = [int(i) for i in self.tokenizer.encode(self.prompt_text(problem))]
-    bos = getattr(self.tokenizer, "bos_id", None)
-    if not getattr(self.tokenizer, "chat_template", None) and bos is not None and (
-        not ids or ids[0] != bos):
-      ids.insert(0, int(bos))
-    return ids
+    return encode_prompt(self.tokenizer, self.prompt_text(problem))
 
   def observation_text(self, output: str) -> str:
     """``"\\n" + cut(OUTPUT) + "\\n```\\n"`` (closes the ```` ```output ```` fence)."""

@@ -90,7 +90,7 @@ from sao_jax.data.jsonl import Problem
 from sao_jax.data.swebench import Instance, is_test_path
 from sao_jax.envs.base import EnvStep
 from sao_jax.envs.sandbox import SandboxLimits, run_python
-from sao_jax.envs.tir_math import cut_middle, sandbox_check
+from sao_jax.envs.tir_math import cut_middle, encode_prompt, sandbox_check, special_token_ids
 
 __all__ = ["Workspace", "PathError", "TestReport", "TestBackend", "SandboxBackend", "Episode",
            "WorkspaceEnv", "INSTRUCTION", "STOP_STRINGS", "parse_tool_call", "grade"]
@@ -557,11 +557,7 @@ class WorkspaceEnv:
     self.backend = backend or SandboxBackend(limits)
     self.max_output_chars = int(max_output_chars)
     self.system = INSTRUCTION if system is None else system
-    self._no_obs_ids = frozenset(
-        int(i) for i in (*(getattr(tokenizer, "stop_ids", ()) or ()),
-                         *getattr(tokenizer, "special_ids", ()),
-                         getattr(tokenizer, "bos_id", None), getattr(tokenizer, "pad_id", None))
-        if i is not None)
+    self._no_obs_ids = special_token_ids(tokenizer)
     if check_sandbox and backend is None:
       sandbox_check(limits)
 
@@ -597,12 +593,7 @@ class WorkspaceEnv:
     return f"{self.system}\n\n{problem.prompt}\n" if self.system else f"{problem.prompt}\n"
 
   def prompt_ids(self, problem) -> list[int]:
-    ids = [int(i) for i in self.tokenizer.encode(self.prompt_text(problem))]
-    bos = getattr(self.tokenizer, "bos_id", None)
-    if not getattr(self.tokenizer, "chat_template", None) and bos is not None and (
-        not ids or ids[0] != bos):
-      ids.insert(0, int(bos))
-    return ids
+    return encode_prompt(self.tokenizer, self.prompt_text(problem))
 
   def observation_text(self, output: str) -> str:
     """``"\\n" + cut(OUTPUT) + "\\n```\\n"`` (closes the ```` ```output ```` fence)."""
