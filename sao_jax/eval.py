@@ -51,7 +51,7 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
-from sao_jax import build, pretrained, roles
+from sao_jax import build, configs, pretrained, roles
 from sao_jax.data.jsonl import read_jsonl
 from sao_jax.envs.grading import grade
 from flax import nnx
@@ -402,4 +402,4 @@ def define_flags() -> None:
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(main, flags_parser=configs.parse_flags)

@@ -5,7 +5,7 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from sao_jax import host_malloc
+from sao_jax import configs, host_malloc
 from sao_jax.train import loop
 from sao_jax.train.resume import ResumeError
 from sao_jax.train.validation import ConfigError
@@ -31,4 +31,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=configs.parse_flags)

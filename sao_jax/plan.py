@@ -838,5 +838,6 @@ def _define_flags():
 
 if __name__ == "__main__":
   from absl import app  # pylint: disable=ungrouped-imports
+  from sao_jax import configs  # pylint: disable=ungrouped-imports
   _define_flags()
-  app.run(lambda argv: sys.exit(main(argv)))
+  app.run(lambda argv: sys.exit(main(argv)), flags_parser=configs.parse_flags)

@@ -372,8 +372,18 @@ def test_cli_refuses_every_bad_field_at_once_before_training(tmp_path):
   assert "config.train.critic_updates_per_step = 0: must be >= 1 (K critic" in err
   assert not (run_dir / "metrics.jsonl").exists()  # nothing was trained
   assert not run_dir.exists()  # nothing was built at all
-  proc = _main("--config=configs/arith_tool.py:smoke", "--config.train.bogus=1")
-  assert proc.returncode != 0 and "bogus" in proc.stderr  # ml_collections' locked config
+
+
+def test_cli_names_a_misspelt_override_in_one_line():
+  """A ``--config.`` override of a field the config does not have: one line naming the field,
+  ml_collections' suggestion and the fix; no traceback (``configs.parse_flags``)."""
+  proc = _main("--config=configs/arith_tool.py:smoke", "--config.train.bach_size=4")
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert ('config.train.bach_size: unknown field (Did you mean "batch_size" instead of '
+          '"bach_size"?); fix: use a field listed in docs/config.md') in proc.stderr
+  proc = _main("--config=configs/arith_tool.py:smoke", "--config.trian.batch_size=4")
+  assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+  assert 'config.trian: unknown field (Did you mean "train"' in proc.stderr
 
 
 @pytest.mark.parametrize("content,lineno,needle", [
