@@ -89,6 +89,7 @@ from typing import Mapping, Optional, Sequence
 from sao_jax.data.jsonl import Problem
 from sao_jax.data.swebench import Instance, is_test_path
 from sao_jax.envs.base import EnvStep
+from sao_jax.envs import _sandbox_init as sandbox_program
 from sao_jax.envs.sandbox import SandboxLimits, run_python
 from sao_jax.envs.tir_math import cut_middle, encode_prompt, sandbox_check, special_token_ids
 
@@ -290,7 +291,8 @@ import importlib.util, io, json, os, signal, sys, traceback, unittest
 FILES = json.loads(__FILES__)
 IDS = json.loads(__IDS__)
 NONCE, PER_TEST_S = __NONCE__, __PER_TEST__
-ROOT, MAIN_PID = "/tmp/ws", os.getpid()
+PROGRAM = __PROGRAM__  # this runner's own path in the sandbox's private /tmp
+ROOT, MAIN_PID = os.path.join(os.path.dirname(PROGRAM), "ws"), os.getpid()
 _out = os.fdopen(os.dup(1), "w")
 for rel, text in FILES.items():
   p = os.path.join(ROOT, rel)
@@ -327,8 +329,8 @@ def is_test_file(rel):
 def tb():
   t = [x.replace(ROOT + "/", "") for x in traceback.format_exc().strip().splitlines()
        if x.strip() and set(x.strip()) - set("^~") and not x.startswith("Traceback")]
-  keep = [x for i, x in enumerate(t) if "/tmp/main.py" not in x
-          and not (i > 0 and "/tmp/main.py" in t[i - 1] and x.startswith("    "))]
+  keep = [x for i, x in enumerate(t) if PROGRAM not in x
+          and not (i > 0 and PROGRAM in t[i - 1] and x.startswith("    "))]
   return "\n".join("  " + x for x in keep[-4:])
 
 def collect(rel):
@@ -447,7 +449,8 @@ class SandboxBackend(TestBackend):
     nonce = secrets.token_hex(8)
     code = (_RUNNER.replace("__FILES__", repr(json.dumps(dict(files))))
             .replace("__IDS__", repr(json.dumps(None if test_ids is None else list(test_ids))))
-            .replace("__NONCE__", repr(nonce)).replace("__PER_TEST__", repr(self.test_timeout_s)))
+            .replace("__NONCE__", repr(nonce)).replace("__PER_TEST__", repr(self.test_timeout_s))
+            .replace("__PROGRAM__", repr(sandbox_program.PROGRAM)))
     t0 = time.perf_counter()
     try:
       res = run_python(code, self.limits)
