@@ -81,6 +81,7 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
 from sao_jax.models.transformer import ModelConfig, init_cache
+from sao_jax.train import sharding
 from sao_jax.rollout.jetstream_compat import engine_api, tokenizer_api, tokenizer_pb2
 
 
@@ -309,38 +310,63 @@ class SAOEngine(engine_api.Engine):
     self.temperature = float(temperature)
     self.cache_len = model_config.max_seq_len + 1
     self._mesh = mesh or jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
-    self._dp = int(dict(self._mesh.shape).get("data", 1))  # devices the slots are split over
+    shape = dict(self._mesh.shape)
+    self._dp = int(shape.get("data", 1))  # devices the slots are split over
     if max_concurrent_decodes % self._dp:
       raise ValueError(f"rollout.slots (max_concurrent_decodes)={max_concurrent_decodes} must be "
                        f"a multiple of the engine mesh's data axis ({self._dp} devices): each "
                        f"device holds as many slots")
+    tp = int(shape.get("tensor", 1))
+    if model_config.n_kv_heads % tp:
+      raise ValueError(f"rollout.mesh tensor={tp} does not divide the model's {model_config.n_kv_heads}"
+                       f" KV heads (n_kv_heads): the KV cache is split by KV heads; use a tensor "
+                       f"size that divides {model_config.n_kv_heads} (put the other devices on "
+                       f"data or expert)")
+    # tensor / expert axes of size > 1: the weights and the KV cache are split over them (XLA's
+    # SPMD partitioner inserts the collectives); without them params are taken as they come
+    self._model_parallel = any(int(shape.get(a, 1)) > 1 for a in ("tensor", "expert"))
     self._base_key = jax.random.key(seed)
     self._counter = itertools.count()
     self._lock = threading.Lock()
-    # per-slot arrays along the data axis; a mesh without one replicates them (as params)
+    # per-slot arrays along the data axis; a mesh without one replicates them (as params).
+    # ``state_spec`` names the data axis only (shard_map's manual axis); the decode state's
+    # shardings add the KV heads on tensor (``sharding.ROLLOUT_RULES``, as the params)
     split = PartitionSpec("data" if "data" in self._mesh.axis_names else None)
     rep = PartitionSpec()
     state_spec = DecodeState(cache=[(split, split)] * model_config.n_layers, lengths=split,
                              tokens=split, logprobs=split, rng=rep)
-    self._state_sharding = jax.tree.map(lambda p: NamedSharding(self._mesh, p), state_spec,
-                                        is_leaf=lambda x: isinstance(x, PartitionSpec))
-    self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("has_prefix", "kv_len"))
+    cfg = model_config
+    k_spec, v_spec = (sharding.logical_to_spec(axes, dims, self._mesh, sharding.ROLLOUT_RULES)
+                      for axes, dims in (
+                          (("batch", "kv_heads", "head_dim", "length"),
+                           (self._slots, cfg.n_kv_heads, cfg.head_dim, self.cache_len)),
+                          (("batch", "kv_heads", "length", "head_dim"),
+                           (self._slots, cfg.n_kv_heads, self.cache_len, cfg.head_dim))))
+    self._state_sharding = jax.tree.map(
+        lambda p: NamedSharding(self._mesh, p),
+        state_spec.replace(cache=[(k_spec, v_spec)] * cfg.n_layers),
+        is_leaf=lambda x: isinstance(x, PartitionSpec))
+    self._prefill_jit = jax.jit(self._place(self._prefill_impl),
+                                static_argnames=("has_prefix", "kv_len"))
     self._generate_jit = jax.jit(
-        self._split_slots(self._generate_impl, (rep, state_spec, rep), (state_spec, split)),
+        self._place(self._split_slots(self._generate_impl, (rep, state_spec, rep),
+                                      (state_spec, split)), state_out=0),
         donate_argnums=(1,), static_argnames=("kv_len",))
     self._insert_jit = jax.jit(
-        self._split_slots(self._insert_impl, (rep, state_spec, rep), state_spec),
+        self._place(self._split_slots(self._insert_impl, (rep, state_spec, rep), state_spec),
+                    params=False, state_out=-1),
         donate_argnums=(1,))
     self._slot_prefix_jit = jax.jit(self._split_slots(self._slot_prefix_impl, (state_spec, rep),
                                                       rep))
     self._prefill_insert_jit = jax.jit(
-        self._split_slots(self._prefill_insert_impl,
-                          (rep, state_spec, split, split, split, split, split, rep, rep),
-                          (state_spec, split, split)),
+        self._place(self._split_slots(
+            self._prefill_insert_impl,
+            (rep, state_spec, split, split, split, split, split, rep, rep),
+            (state_spec, split, split)), state_out=0),
         donate_argnums=(1,), static_argnames=("kv_len",))
     self._generate_steps_jit = jax.jit(
-        self._split_slots(self._generate_steps_impl, (rep, state_spec, rep),
-                          (state_spec, split, split)),
+        self._place(self._split_slots(self._generate_steps_impl, (rep, state_spec, rep),
+                                      (state_spec, split, split)), state_out=0),
         donate_argnums=(1,), static_argnames=("kv_len", "num_steps"))
     self._compiled_for = set()  # decode-state shapes whose live-length buckets are compiled
 
@@ -362,10 +388,45 @@ class SAOEngine(engine_api.Engine):
     token, logprob = sample_tokens(last, jax.random.fold_in(*rng), temperature)
     return Prefix(cache=cache, length=start + true_length, token=token, logprob=logprob)
 
+  def param_shardings(self, params: Any) -> Any:
+    """``NamedSharding`` pytree of the engine's weight layout for ``params`` (a pure-dict params
+    pytree of arrays or ``jax.ShapeDtypeStruct``s): each parameter's logical axes
+    (``models.partition``) mapped to this engine's mesh by ``sharding.ROLLOUT_RULES`` (heads,
+    KV heads, MLP hidden and vocabulary on ``tensor``, experts on ``expert``, replicated over
+    ``data``). ``jax.device_put(params, engine.param_shardings(params))`` publishes weights
+    straight into that layout (``load_params`` does it)."""
+    return sharding.param_shardings(params, self._mesh, sharding.ROLLOUT_RULES)
+
+  def _place(self, impl, *, params: bool = True, state_out: Optional[int] = None):
+    """``impl`` with its params (the first argument, when ``params``) constrained to
+    ``param_shardings`` and its decode-state output (output ``state_out``; -1: the output is
+    the state) to the decode state's shardings, so XLA's SPMD partitioner runs the model tensor
+    / expert parallel and the cache stays split over KV heads. Replicated params are sliced in
+    place (no communication); params already in the layout pass unchanged. ``impl`` itself
+    when the mesh has no tensor / expert axis of size > 1."""
+    if not self._model_parallel:
+      return impl
+    constrain = jax.lax.with_sharding_constraint
+
+    @functools.wraps(impl)  # keeps the signature, for jit's static_argnames
+    def run(*args, **static):
+      if params:
+        args = (constrain(args[0], self.param_shardings(args[0])), *args[1:])
+      out = impl(*args, **static)
+      if state_out == -1:
+        return constrain(out, self._state_sharding)
+      if state_out is not None:
+        out = list(out)
+        out[state_out] = constrain(out[state_out], self._state_sharding)
+        out = tuple(out)
+      return out
+    return run
+
   def _split_slots(self, impl, in_specs, out_specs):
     """``impl`` run per device on its share of the slots when the mesh's data axis splits them
-    (``jax.shard_map``: per-slot arrays ``P("data")``, params / keys / scalars replicated, no
-    collective inside); ``impl`` itself on one device."""
+    (``jax.shard_map`` manual over ``data`` only: per-slot arrays ``P("data")``, params / keys
+    / scalars replicated, no collective across ``data``; the tensor and expert axes stay
+    automatic, see ``_place``); ``impl`` itself on one device."""
     if self._dp == 1:
       return impl
 
@@ -379,7 +440,8 @@ class SAOEngine(engine_api.Engine):
                 lambda x: jax.sharding.reshard(x, NamedSharding(self._mesh, spec)), sub),
             tuple(in_specs), args, is_leaf=lambda x: isinstance(x, PartitionSpec))
       return jax.shard_map(functools.partial(impl, **static), mesh=self._mesh, in_specs=in_specs,
-                           out_specs=out_specs, check_vma=False)(*args)
+                           out_specs=out_specs, axis_names=frozenset({"data"}),
+                           check_vma=False)(*args)
     return run
 
   def _uniforms(self, key, n: int, rows=None):
@@ -678,9 +740,13 @@ class SAOEngine(engine_api.Engine):
     return state
 
   def load_params(self, params=None, *args, **kwargs):  # pylint: disable=arguments-differ
-    """Params come from the trainer (weight sync); this returns them unchanged."""
+    """Params come from the trainer (weight sync); this returns them in the engine's layout:
+    ``jax.device_put`` to ``param_shardings`` on a mesh with a tensor or expert axis (a no-op
+    for params already there), unchanged otherwise."""
     if params is None:
       raise ValueError("SAOEngine.load_params needs the policy params (pure dict).")
+    if self._model_parallel:
+      return jax.device_put(params, self.param_shardings(params))
     return params
 
   def get_prefix_destination_sharding(self) -> Any:
