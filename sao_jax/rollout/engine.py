@@ -29,18 +29,38 @@ was actually sampled. ``temperature == 0`` means greedy (argmax); its recorded l
 the temperature-1 distribution. No top-k/top-p: their log-probs would belong to a truncated
 distribution the trainer does not recompute.
 
-Slots split over devices: on a mesh whose ``data`` axis has n > 1 devices (``SAOEngine(mesh=)``),
-device d holds slots ``d * S/n .. (d + 1) * S/n - 1`` of the decode state (``P("data")``), the
-params are replicated, and ``generate``, ``generate_steps``, ``prefill_insert`` and ``insert`` run
-per device under ``jax.shard_map`` with no communication (plain ``jit`` on that state put an
-all-gather into every cache write); ``slot_prefix`` reads a slot out with one ``psum``. A row's
-uniforms are its slice of one draw for all rows, so the tokens are those of one device
-(``tests/test_engine_data_parallel.py``). On a CPU host this is how the engine uses several
-cores: XLA:CPU spreads one small decode step poorly over two threads, while two host devices
-(``--xla_force_host_platform_device_count=2``: two XLA devices, whose programs can run at the same
-time) each decoding half the slots overlap, which raises tokens/s most at many slots. A multi-turn
-rollout of one-row prefills is slower split (each call runs on every device). Measurements:
-``benchmarks/RESULTS.md`` section 2.
+Layout on a mesh (``SAOEngine(mesh=)``, axes ``data``, ``tensor``, ``expert``, any of size 1;
+default one device). Each parameter's logical axes (``models/partition.py``) map to the engine's
+mesh axes by one table, ``train.sharding.ROLLOUT_RULES``, and the KV cache uses the same names:
+
+=============  ===========================================================================
+``data``       decode slots: device row d holds slots ``d * S/n .. (d + 1) * S/n - 1`` of
+               the decode state (cache, lengths, tokens, log-probs); weights replicated
+``tensor``     attention heads (q / o projections) and KV heads (k / v projections and the
+               KV cache ``[slots, kv_heads, ...]``), the MLP hidden (dense and per expert),
+               the vocabulary (embedding, LM head); ``n_kv_heads`` must be a multiple of it
+``expert``     MoE experts (``[experts, ...]`` weights, router columns)
+other axes     replicate (e.g. a learner mesh's ``fsdp`` axis)
+=============  ===========================================================================
+
+``param_shardings(params)`` gives that layout (publish weights into it with ``jax.device_put``;
+``load_params`` does), and every compiled call constrains its params to it (replicated params
+are sliced in place) and its decode state to the cache layout. The ``data`` axis is the manual
+axis of a ``jax.shard_map`` (``generate``, ``generate_steps``, ``prefill_insert`` and ``insert``
+run per slot group, no communication across ``data``: plain ``jit`` on that state put an
+all-gather into every cache write; ``slot_prefix`` reads a slot out with one ``psum``);
+``tensor`` and ``expert`` stay automatic, so XLA's SPMD partitioner inserts their collectives
+(all-reduces after the o / down / expert projections, gathers of small activations where an
+op needs a whole axis, such as the sampler's logits and the router's scores; no weight is
+gathered in a decode step: ``tests/test_engine_tensor_parallel.py``). Sums split over devices
+change float32 rounding, so log-probs match one device within the tests' 1e-5, not bit for bit.
+A row's uniforms are its slice of one draw for all rows, so the tokens are those of one device
+(``tests/test_engine_data_parallel.py``, ``tests/test_engine_tensor_parallel.py``). On a CPU
+host the ``data`` axis is how the engine uses several cores: XLA:CPU spreads one small decode
+step poorly over two threads, while two host devices (``--xla_force_host_platform_device_count
+=2``: two XLA devices, whose programs can run at the same time) each decoding half the slots
+overlap, which raises tokens/s most at many slots. A multi-turn rollout of one-row prefills is
+slower split (each call runs on every device). Measurements: ``benchmarks/RESULTS.md`` section 2.
 
 KV-cache layout: per layer ``k [slots, n_kv_heads, head_dim, cache_len]`` (keys transposed) and
 ``v [slots, n_kv_heads, cache_len, head_dim]`` (``transformer.init_cache``);
@@ -282,17 +302,19 @@ class SAOEngine(engine_api.Engine):
     max_prefill_length: longest chunk one prefill call takes (prompt or observation).
     temperature: sampling temperature (0 = greedy).
     seed: PRNG seed for sampling.
-    mesh: device mesh the engine runs on (default: one device). Its ``data`` axis, when larger
-      than 1, splits the slots: device d holds slots ``d * n .. (d + 1) * n - 1`` (``n = slots /
-      data``) and decodes and prefills them on its own, with replicated params and no
-      communication (``jax.shard_map``); the draws are those of one device (given JAX's
-      default ``jax_threefry_partitionable=True``; without it they are as random but differ).
-      Other axes replicate. Params must be replicated on the mesh or uncommitted (not placed on
-      devices outside it).
+    mesh: device mesh the engine runs on (default: one device), with axes among ``data``,
+      ``tensor``, ``expert`` (see the module docstring's layout). Its ``data`` axis, when
+      larger than 1, splits the slots: device row d holds slots ``d * n .. (d + 1) * n - 1``
+      (``n = slots / data``) and decodes and prefills them on its own (``jax.shard_map``);
+      ``tensor`` and ``expert`` split the weights and the KV cache. The draws are those of one
+      device (given JAX's default ``jax_threefry_partitionable=True``; without it they are as
+      random but differ). Other axes replicate. Params must be in ``param_shardings``,
+      replicated on the mesh or uncommitted (not placed on devices outside it).
     kv_bucket: smallest live-length bucket (cache positions attended to); buckets double from
       it up to ``cache_len``.
 
-  Raises ValueError for ``kv_bucket < 1`` or slots not divisible by the mesh's ``data`` axis.
+  Raises ValueError for ``kv_bucket < 1``, slots not divisible by the mesh's ``data`` axis or
+  ``n_kv_heads`` not divisible by its ``tensor`` axis (the message names ``rollout.mesh``).
   """
 
   def __init__(self, model_config: ModelConfig, graphdef, tokenizer, *,
@@ -317,11 +339,11 @@ class SAOEngine(engine_api.Engine):
                        f"a multiple of the engine mesh's data axis ({self._dp} devices): each "
                        f"device holds as many slots")
     tp = int(shape.get("tensor", 1))
-    if model_config.n_kv_heads % tp:
-      raise ValueError(f"rollout.mesh tensor={tp} does not divide the model's {model_config.n_kv_heads}"
-                       f" KV heads (n_kv_heads): the KV cache is split by KV heads; use a tensor "
-                       f"size that divides {model_config.n_kv_heads} (put the other devices on "
-                       f"data or expert)")
+    kv = model_config.n_kv_heads
+    if kv % tp:
+      raise ValueError(f"rollout.mesh tensor={tp} does not divide the model's {kv} KV heads "
+                       f"(n_kv_heads): the KV cache is split by KV heads; use a tensor size that "
+                       f"divides {kv} (put the other devices on data or expert)")
     # tensor / expert axes of size > 1: the weights and the KV cache are split over them (XLA's
     # SPMD partitioner inserts the collectives); without them params are taken as they come
     self._model_parallel = any(int(shape.get(a, 1)) > 1 for a in ("tensor", "expert"))
@@ -773,6 +795,12 @@ class SAOEngine(engine_api.Engine):
   @property
   def mesh(self) -> jax.sharding.Mesh:
     return self._mesh
+
+  @property
+  def state_shardings(self) -> DecodeState:
+    """The decode state's shardings (a ``DecodeState`` of ``NamedSharding``): per-slot arrays
+    on ``data``, the KV cache also on ``tensor`` (KV heads), the key replicated."""
+    return self._state_sharding
 
   @property
   def colocated_cpus(self):

@@ -3,7 +3,6 @@ meshes with ``tensor`` and ``expert`` axes (weights and KV cache split over them
 ``data``) against the same engine on one device, call for call, on a tiny Qwen3-MoE. Prints one
 JSON line of what it measured; the test asserts on it."""
 
-import dataclasses
 import json
 import re
 import sys
@@ -96,7 +95,12 @@ def main():
         "q_shard_shape": list(q.addressable_shards[0].data.shape),
         "state_spec_after_steps": str(st.cache[1][1].sharding.spec),
         "collectives": sorted(set(re.findall(
-            r"all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter", hlo)))}
+            r"all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter", hlo))),
+        # the largest array a decode step all-gathers (elements): activations, never a weight
+        "largest_all_gather": max([int(np.prod([int(d) for d in dims.split(",") if d]))
+                                   for dims in re.findall(r"\w+\[([\d,]*)\]\{[^}]*\} "
+                                                          r"all-gather(?:-start)?\(", hlo)],
+                                  default=0)}
   try:
     SAOEngine(CFG, graphdef, Tok(), mesh=sharding.make_mesh(
         {"data": 1, "tensor": 4}, devices=jax.devices()[:4]), **KW)
