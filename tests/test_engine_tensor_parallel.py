@@ -56,6 +56,10 @@ def test_qwen3_30b_a3b_rollout_layout_on_abstract_mesh():
   got = sum(x.size / np.prod([mesh.shape[a] for a in s.spec if a])
             for x, s in zip(jax.tree.leaves(shapes), jax.tree.leaves(sh)))
   assert got == want and round(want / 1e9, 3) == 1.290  # of 30.5e9 weights
+  explicit = jax.sharding.AbstractMesh((2, 4, 8), ("data", "tensor", "expert"), axis_types=(
+      jax.sharding.AxisType.Auto,) + (jax.sharding.AxisType.Explicit,) * 2)
+  with pytest.raises(ValueError, match=r"rollout.mesh axes \['tensor', 'expert'\] are Explicit"):
+    SAOEngine(cfg, graphdef, None, mesh=explicit, max_concurrent_decodes=64)
 
 
 @pytest.mark.slow  # spawns a process (see pyproject's `slow` marker)
