@@ -56,6 +56,10 @@ def test_qwen3_30b_a3b_rollout_layout_on_abstract_mesh():
   got = sum(x.size / np.prod([mesh.shape[a] for a in s.spec if a])
             for x, s in zip(jax.tree.leaves(shapes), jax.tree.leaves(sh)))
   assert got == want and round(want / 1e9, 3) == 1.290  # of 30.5e9 weights
+  explicit = jax.sharding.AbstractMesh((2, 4, 8), ("data", "tensor", "expert"), axis_types=(
+      jax.sharding.AxisType.Auto,) + (jax.sharding.AxisType.Explicit,) * 2)
+  with pytest.raises(ValueError, match=r"rollout.mesh axes \['tensor', 'expert'\] are Explicit"):
+    SAOEngine(cfg, graphdef, None, mesh=explicit, max_concurrent_decodes=64)
 
 
 @pytest.mark.slow  # spawns a process (see pyproject's `slow` marker)
@@ -64,7 +68,7 @@ def test_tensor_and_expert_parallel_engine_equals_one_device():
              JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
   proc = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "scripts",
                                                       "engine_tensor_parallel.py")],
-                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   r = json.loads(proc.stdout.strip().splitlines()[-1])
   print(r)
@@ -72,7 +76,8 @@ def test_tensor_and_expert_parallel_engine_equals_one_device():
   for name in ("tensor=2", "tensor=2,expert=2", "data=2,tensor=2,expert=2"):
     m = r[name]
     # six calls: prefill_insert (fresh), generate_steps, prefill_insert (appended observations),
-    # generate_steps, generate, prefill + insert then generate_steps
+    # generate_steps, generate, prefill + insert and slot_prefix + prefill + insert then
+    # generate_steps
     assert m["tokens_equal"] == [True] * 6, (name, m)
     assert m["max_logprob_diff"] <= 1e-5 and m["max_cache_diff"] <= 1e-5, (name, m)
     assert m["host_lengths_equal"], (name, m)

@@ -313,8 +313,9 @@ class SAOEngine(engine_api.Engine):
     kv_bucket: smallest live-length bucket (cache positions attended to); buckets double from
       it up to ``cache_len``.
 
-  Raises ValueError for ``kv_bucket < 1``, slots not divisible by the mesh's ``data`` axis or
-  ``n_kv_heads`` not divisible by its ``tensor`` axis (the message names ``rollout.mesh``).
+  Raises ValueError for ``kv_bucket < 1``, slots not divisible by the mesh's ``data`` axis,
+  ``n_kv_heads`` not divisible by its ``tensor`` axis or a ``tensor`` / ``expert`` axis of
+  ``AxisType.Explicit`` (the messages name ``rollout.mesh``).
   """
 
   def __init__(self, model_config: ModelConfig, graphdef, tokenizer, *,
@@ -347,6 +348,13 @@ class SAOEngine(engine_api.Engine):
     # tensor / expert axes of size > 1: the weights and the KV cache are split over them (XLA's
     # SPMD partitioner inserts the collectives); without them params are taken as they come
     self._model_parallel = any(int(shape.get(a, 1)) > 1 for a in ("tensor", "expert"))
+    explicit = [a for a, t in zip(self._mesh.axis_names, self._mesh.axis_types)
+                if a in ("tensor", "expert") and shape[a] > 1
+                and t == jax.sharding.AxisType.Explicit]
+    if explicit:
+      raise ValueError(f"rollout.mesh axes {explicit} are Explicit; the engine's tensor and "
+                       f"expert axes must be Auto (XLA partitions the model over them): build "
+                       f"the mesh with sharding.make_mesh")
     self._base_key = jax.random.key(seed)
     self._counter = itertools.count()
     self._lock = threading.Lock()

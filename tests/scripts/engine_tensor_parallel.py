@@ -6,6 +6,7 @@ JSON line of what it measured; the test asserts on it."""
 import json
 import re
 import sys
+import time
 
 import jax
 import numpy as np
@@ -25,13 +26,14 @@ CFG = presets.get_preset("tiny-qwen3-moe", vocab_size=40, d_model=32, n_layers=2
 MESHES = {"tensor=2": {"data": 1, "tensor": 2, "expert": 1},
           "tensor=2,expert=2": {"data": 1, "tensor": 2, "expert": 2},
           "data=2,tensor=2,expert=2": {"data": 2, "tensor": 2, "expert": 2}}
-KW = dict(max_concurrent_decodes=4, max_prefill_length=8, temperature=1.0, seed=3, kv_bucket=16)
+# kv_bucket 32 of a 33-position cache: one live-length bucket, so few compiles
+KW = dict(max_concurrent_decodes=4, max_prefill_length=8, temperature=1.0, seed=3, kv_bucket=32)
 
 
 def calls(engine, params):
   """Fresh prompts, decode, observations appended after two slots' lengths (multi-turn), decode,
-  then the JetStream API (generate, prefill + insert). Returns [(tokens, log-probs)] per call
-  and the final decode state."""
+  then the JetStream API (generate, prefill + insert, slot_prefix + prefill + insert). Returns
+  [(tokens, log-probs)] per call and the final decode state."""
   out, st = [], engine.init_decode_state()
   st, t, l = engine.prefill_insert(params, st, [3, 0, 1], [[1, 2, 3], [4, 5], [6] * 7])
   out.append((t, l))
@@ -48,6 +50,10 @@ def calls(engine, params):
   pre = engine.prefill(params=params, padded_tokens=np.array([1, 2, 3, 4, 0, 0, 0, 0], np.int32),
                        true_length=4)
   st = engine.insert(pre, st, 2)
+  # multi-turn through the JetStream API: a slot's cache out, a chunk prefilled on it, back in
+  cont = engine.prefill(params=params, existing_prefix=engine.slot_prefix(st, 3),
+                        padded_tokens=np.array([3, 4, 0, 0, 0, 0, 0, 0], np.int32), true_length=2)
+  st = engine.insert(cont, st, 3)
   st, t, l = engine.generate_steps(params, st, 4)
   out.append((t, l))
   return [(np.asarray(t), np.asarray(l)) for t, l in out], st
@@ -62,6 +68,7 @@ def main():
   one, st1 = calls(SAOEngine(CFG, graphdef, Tok(), **KW), params)
   result = {"distinct_tokens": len(set(np.concatenate([t.ravel() for t, _ in one]).tolist()))}
   for name, shape in MESHES.items():
+    print(f"{time.strftime('%H:%M:%S')} {name}", file=sys.stderr, flush=True)
     n = int(np.prod(list(shape.values())))
     mesh = sharding.make_mesh(shape, devices=jax.devices()[:n])
     engine = SAOEngine(CFG, graphdef, Tok(), mesh=mesh, **KW)
