@@ -106,7 +106,14 @@ def main():
     stats[name].append({"wall": wall, "tokens": sum(int((t.action_mask > 0).sum()) for t in out),
                         "turns": float(np.mean([t.num_turns for t in out])),
                         "prefill_s": worker.stats.prefill_s,
-                        "generate_s": worker.stats.generate_s})
+                        "generate_s": worker.stats.generate_s,
+                        "prefill calls": getattr(worker.stats, "prefill_calls", -1),
+                        # decode slot-steps that sampled a kept token (the rest: empty slots,
+                        # slots awaiting their env, tokens past a turn's end)
+                        "busy slot-steps": (worker.stats.decode_slot_steps
+                                            - worker.stats.tokens_discarded)
+                                           / max(1, worker.stats.generate_steps
+                                                 * c.rollout.slots)})
 
   for r in range(1 + repeats):  # round 0 compiles; the paths take turns in every round
     for name in stats:  # the "ours" paths share a seed in each round: the same draws
@@ -120,7 +127,9 @@ def main():
                  "action tokens": common.median([r["tokens"] for r in runs]),
                  "turns / trajectory": common.median([r["turns"] for r in runs]),
                  "prefill_s": common.median([r["prefill_s"] for r in runs]),
-                 "generate_s": common.median([r["generate_s"] for r in runs])})
+                 "generate_s": common.median([r["generate_s"] for r in runs]),
+                 "prefill calls": common.median([r["prefill calls"] for r in runs]),
+                 "busy slot-steps": common.median([r["busy slot-steps"] for r in runs])})
   for row in rows[:-1]:
     row["/ jetstream_api"] = row["action tok/s"] / rows[-1]["action tok/s"]
   common.report("rollout (configs/arith_tool.py, " + ("quick: random init" if args.quick

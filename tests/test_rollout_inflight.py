@@ -265,3 +265,56 @@ def test_env_workers_auto_follows_the_tool_latency_and_eval_runs_without_it():
   assert task.eval_env is not None and task.eval_env.tool_latency_median_s == 0.0
   smoke = roles.from_config(arith_tool.get_config("smoke"))
   assert tasks.make_task(smoke).eval_env is None
+
+
+class _Recording:
+  """An engine proxy that records each ``prefill_insert`` call's slots and starts; with
+  ``jetstream_only`` it hides ``prefill_insert`` / ``generate_steps`` (the JetStream-API path:
+  one prefill per prompt or observation)."""
+
+  def __init__(self, engine, jetstream_only=False, tokenizer=None):
+    self._engine, self._hidden, self.calls = engine, jetstream_only, []
+    self.tokenizer = tokenizer or engine.tokenizer
+
+  def prefill_insert(self, params, state, slots, prompts, **kw):
+    self.calls.append((list(slots), list(kw.get("starts") or [0] * len(slots))))
+    return self._engine.prefill_insert(params, state, slots, prompts, **kw)
+
+  def __getattr__(self, name):
+    if self._hidden and name in ("prefill_insert", "generate_steps"):
+      raise AttributeError(name)
+    return getattr(self._engine, name)
+
+
+class _AllX(Tok):
+  def decode(self, ids):
+    return "x" * len(list(ids))
+
+
+def test_observations_answered_together_are_prefilled_in_one_call():
+  """4 slots, greedy; every token decodes to "x" and "xxx" is the stop string, so every turn
+  ends at its third token, all in the same step: the 4 observations go into one
+  ``prefill_insert`` (as the 4 prompts do). The trajectories are the JetStream-API path's (one
+  prefill per slot): tokens equal, log-probs within 1e-5."""
+  _, params, engine = _setup(slots=4, temperature=0.0)
+  problems = [P(str(k), [11 + k, 12, 13 + 2 * k]) for k in range(4)]
+
+  def rollout(eng):
+    out = []
+    RolloutWorker(eng, EchoEnv(), iter(problems), lambda t: out.append(t) or True,
+                  WeightStore(params), stop_ids=(), stop_strings=("xxx",), max_new_tokens=8,
+                  max_seq_len=CFG.max_seq_len, temperature=0.0).run()
+    return sorted(out, key=lambda t: t.problem_id)
+
+  batched = _Recording(engine, tokenizer=_AllX())
+  ours = rollout(batched)
+  ref = rollout(_Recording(engine, jetstream_only=True, tokenizer=_AllX()))
+  # the prompts together, then the 4 observations (pending token at position 4 = prompt + 3 - 0)
+  assert batched.calls == [([0, 1, 2, 3], [0, 0, 0, 0]), ([0, 1, 2, 3], [6, 6, 6, 6])]
+  assert [t.problem_id for t in ours] == ["0", "1", "2", "3"]
+  for a, b in zip(ours, ref):
+    assert a.tokens.tolist() == b.tokens.tolist() and a.num_turns == b.num_turns == 2
+    np.testing.assert_array_equal(a.action_mask, b.action_mask)
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    assert a.tokens[7:11].tolist() == [6, 7, 8, 9]  # prompt 4 + 3 actions, then the observation
+    assert len(a.tokens) == 14 and a.info["finish_reason"] == "stop_string"

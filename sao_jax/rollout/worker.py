@@ -6,10 +6,11 @@ prompts (``SAOEngine.prefill_insert``; ``prefill`` + ``insert`` for another JetS
 and route every newly sampled token to its trajectory. When a turn ends (stop token or per-turn
 limit) the environment answers: either the trajectory is done and is emitted, or its observation
 tokens are appended to the slot's existing KV cache (no recompute of the prefix) and decoding
-continues: with ``SAOEngine`` one ``prefill_insert(..., starts=)`` call writes them into the
-slot's rows of the decode state in place; with another JetStream engine ``slot_prefix`` +
-``prefill(existing_prefix=...)`` + ``insert``. Every action token records the engine's log-prob
-and the policy version that sampled it.
+continues: with ``SAOEngine`` the observations of every turn answered in the same phase of a
+loop iteration are written in place into their slots' rows of the decode state by one
+``prefill_insert(..., starts=)`` call, as the prompts admitted together are; with another
+JetStream engine ``slot_prefix`` + ``prefill(existing_prefix=...)`` + ``insert`` per slot. Every
+action token records the engine's log-prob and the policy version that sampled it.
 
 KV cache across weight updates (``kv_on_update``): "keep" (default) keeps the stale KV of tokens
 cached before the update -- later tokens are sampled by the new weights attending to keys/values
@@ -19,9 +20,10 @@ exactly as the new policy would. In both modes the tokens already generated keep
 and versions they were sampled with (the behaviour policy DIS corrects for).
 
 A trajectory ends on a stop token (eos or a tool call the env answers), a stop string
-(``stop_strings``, matched on the decoded turn, read incrementally: ``TurnText``), the env's ``done`` (its max turns), the worker's
-``max_turns`` or a length limit (per-turn ``max_new_tokens`` or ``max_seq_len``; recorded as
-``truncated``); ``info["finish_reason"]`` says which. With ``admission`` (``AdmissionControl``)
+(``stop_strings``, matched on the decoded turn, read incrementally: ``TurnText``), the env's
+``done`` (its max turns), the worker's ``max_turns`` or a length limit (per-turn
+``max_new_tokens`` or ``max_seq_len``; recorded as ``truncated``); ``info["finish_reason"]`` says
+which. With ``admission`` (``AdmissionControl``)
 a new rollout starts only when AReaL's staleness rule allows it.
 
 Environment steps (``env_workers``): with 0 (the default) ``env.step`` is called inline in the
@@ -103,7 +105,7 @@ class TurnText:
   def __init__(self, tokenizer, stop_strings, start: int):
     self.tokenizer, self.stop_strings = tokenizer, tuple(stop_strings)
     self.keep = max(len(x) for x in self.stop_strings)
-    self.prefix = self.read = start
+    self.start = self.prefix = self.read = start
     self.prefix_chars = 0
     self.tail = ""
 
@@ -141,7 +143,10 @@ class WorkerStats:
   admission control); env_wait_s: waited because every running slot awaited its ``env.step``;
   sink_s: blocked handing finished trajectories to the sink (a full queue: backpressure);
   decode_slot_steps / env_slot_steps: summed over generate steps, slots decoding / slots waiting on
-  their env (slot occupancy = decode_slot_steps / (generate_steps * slots))."""
+  their env (slot occupancy = decode_slot_steps / (generate_steps * slots); the decode step
+  computes every slot, so the rest, plus ``tokens_discarded``, is idle work);
+  prefill_calls: engine prefill calls (one per batch of prompts / observations with
+  ``SAOEngine``)."""
   generate_steps: int = 0
   generate_s: float = 0.0
   prefill_s: float = 0.0
@@ -158,6 +163,7 @@ class WorkerStats:
   kv_recomputes: int = 0
   admission_waits: int = 0
   tokens_discarded: int = 0  # decoded past a turn's end within a generate_steps call
+  prefill_calls: int = 0
 
 
 class RolloutWorker:
@@ -233,6 +239,8 @@ class RolloutWorker:
                                                             thread_name_prefix="env-step")
                       if env_workers > 0 else None)
     self._pending: dict[int, _PendingEnv] = {}  # slot -> its env.step in flight
+    # (slot, [pending token] + observation, start): answered turns awaiting one batched prefill
+    self._observations: list[tuple[int, list, int]] = []
     self._stats_lock = threading.Lock()
     self._sink_since: Optional[float] = None  # perf_counter when a sink call (queue.put) began
 
@@ -243,16 +251,20 @@ class RolloutWorker:
     out = self.engine.prefill(params=self.params, existing_prefix=prefix, padded_tokens=padded,
                               true_length=n, temperature=self.temperature)
     self.stats.prefill_s += time.perf_counter() - t0
+    self.stats.prefill_calls += 1
     return out
 
   def _prefill_insert(self, slots, chunks, starts=None):
-    """``engine.prefill_insert`` on the current params (rows padded to the engine's default: the
-    next power of two, at most all slots), timed into ``stats.prefill_s``; returns the sampled
-    tokens and log-probs as lists."""
+    """``engine.prefill_insert`` of every chunk in one call, on the current params, timed into
+    ``stats.prefill_s``; returns the sampled tokens and log-probs as lists. Rows are padded to
+    the engine's default, the next power of two (at most all slots): a few row counts compile
+    (1, 2, 4, ... slots, each per prompt-length bucket, for fresh prompts and for appended
+    chunks), and padding at most doubles the prefill compute."""
     t0 = time.perf_counter()
     self.state, tokens, logprobs = self.engine.prefill_insert(
         self.params, self.state, slots, chunks, temperature=self.temperature, starts=starts)
     self.stats.prefill_s += time.perf_counter() - t0
+    self.stats.prefill_calls += 1
     return tokens.tolist(), logprobs.tolist()
 
   def _next_slot(self) -> Optional[_Slot]:
@@ -287,16 +299,10 @@ class RolloutWorker:
 
   def _admit_free_slots(self) -> int:
     """Fills every free slot it can with a new prompt on the newest weights, then records each
-    first token. Returns the number admitted. At least a quarter of the slots at once (the start,
-    a grpo_sync barrier, a wave of finished turns): one ``engine.prefill_insert`` padded to the
-    next power of two of rows, capped at the slot count, so at most three row counts (8 / 16 /
-    32 at 32 slots, 16 / 32 / 50 at 50; each a compile per prompt-length bucket); fewer (the
-    steady state of continuous batching, one or two at a time): a one-row ``prefill_insert``
-    each, so no other row count is ever compiled (on a real model each row count's compiles
-    cost tens of seconds of CPU in the first steps). Padding every group to all slots would
-    multiply the prefill compute; a one-row ``prefill_insert`` attends over the prompt only and
-    writes it in place, faster than ``prefill`` + ``insert`` at SmolLM2-135M size
-    (``benchmarks/RESULTS.md`` section 2). Other JetStream engines: ``prefill`` + ``insert``."""
+    first token. Returns the number admitted. All prompts admitted together go in one
+    ``engine.prefill_insert`` (``_prefill_insert``); a first token that ends its turn queues
+    its observation, prefilled before this returns (``_prefill_observations``). Other
+    JetStream engines: ``prefill`` + ``insert`` per prompt."""
     self._sync_weights()  # new prompts start on the newest weights
     admitted = []
     for i in range(len(self.slots)):
@@ -309,13 +315,8 @@ class RolloutWorker:
     if not admitted:
       return 0
     if self._batched:
-      groups = ([admitted] if len(admitted) >= max(2, len(self.slots) // 4)
-                else [[a] for a in admitted])
-      tokens, logprobs = [], []
-      for group in groups:
-        toks, lps = self._prefill_insert([i for i, _ in group], [s.tokens for _, s in group])
-        tokens.extend(toks)
-        logprobs.extend(lps)
+      tokens, logprobs = self._prefill_insert([i for i, _ in admitted],
+                                              [s.tokens for _, s in admitted])
     else:
       tokens, logprobs = [], []
       for i, slot in admitted:
@@ -326,6 +327,7 @@ class RolloutWorker:
     for (i, slot), token, logprob in zip(admitted, tokens, logprobs):
       self.slots[i] = slot
       self._on_token(i, int(token), float(logprob))
+    self._prefill_observations()
     return len(admitted)
 
   def _on_token(self, i: int, token: int, logprob: float) -> bool:
@@ -342,7 +344,7 @@ class RolloutWorker:
     ended = token in self.stop_ids
     by_string = False
     if not ended and self.stop_strings:
-      if s.text is None or s.text.read < s.turn_start:  # a new turn
+      if s.text is None or s.text.start != s.turn_start:  # a new turn
         s.text = TurnText(self.engine.tokenizer, self.stop_strings, s.turn_start)
       by_string = ended = s.text.ends(s.tokens)
     if not (ended or turn_len >= self.max_new_tokens or len(s.tokens) >= self.max_seq_len):
@@ -399,6 +401,7 @@ class RolloutWorker:
         self._env_failed(i, e)
         continue
       self._after_env(i, step, p.token, p.ended, p.by_string, p.prefix)
+    self._prefill_observations()
 
   def _after_env(self, i: int, step, token: int, ended: bool, by_string: bool,
                  prefix=None) -> None:
@@ -438,15 +441,26 @@ class RolloutWorker:
     s.versions.extend([-1] * len(obs))
     s.turn_start = len(s.tokens)
     if prefix is None and self._batched:  # in place: [token] + obs after the cached tokens
-      tokens, logprobs = self._prefill_insert([i], [[token] + obs],
-                                              starts=[len(s.tokens) - len(obs) - 1])
-      self._on_token(i, int(tokens[0]), float(logprobs[0]))
-      return
+      self._observations.append((i, [token] + obs, len(s.tokens) - len(obs) - 1))
+      return  # prefilled with the other slots' (_prefill_observations)
     if prefix is None:
       prefix = self.engine.slot_prefix(self.state, i)
     prefix = self._prefill([token] + obs, prefix=prefix)
     self.state = self.engine.insert(prefix, self.state, i)
     self._on_token(i, int(prefix.token), float(prefix.logprob))
+
+  def _prefill_observations(self) -> None:
+    """Prefills every queued observation (``SAOEngine``: each slot's pending token + its
+    observation, after the slot's cached tokens) in one ``prefill_insert`` and records each
+    slot's first token; a first token that ends its turn again (an inline env) queues a next
+    round. Called after each phase of ``step`` that can end turns, so no queued slot is ever
+    decoded or re-prefilled (``_recompute_kv``) before its observation is cached."""
+    while self._observations:
+      queue, self._observations = self._observations, []
+      tokens, logprobs = self._prefill_insert([i for i, _, _ in queue], [c for _, c, _ in queue],
+                                              starts=[start for _, _, start in queue])
+      for (i, _, _), token, logprob in zip(queue, tokens, logprobs):
+        self._on_token(i, int(token), float(logprob))
 
   def _finish(self, i: int, reward: float, truncated: bool, info: dict) -> None:
     s = self.slots[i]
@@ -542,6 +556,7 @@ class RolloutWorker:
         if not self._on_token(i, int(tokens[i, j]), float(logprobs[i, j])):
           self.stats.tokens_discarded += n - 1 - j
           break
+    self._prefill_observations()
     return True
 
   def run(self, stop: Optional[threading.Event] = None) -> None:
