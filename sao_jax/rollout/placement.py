@@ -164,7 +164,8 @@ def reshard(tree: Any, shardings: Any) -> Any:
   leaves, treedef = jax.tree.flatten(tree)
   for x in leaves:
     if not (isinstance(x, jax.Array) and x.is_fully_addressable):
-      raise ValueError("reshard needs fully addressable jax.Arrays (this process's devices); got "
-                       f"{type(x).__name__}{'' if not isinstance(x, jax.Array) else ' spanning processes'}")
+      what = "an array spanning processes" if isinstance(x, jax.Array) else type(x).__name__
+      raise ValueError(f"reshard needs fully addressable jax.Arrays (this process's devices); "
+                       f"got {what}")
   return jax.tree.unflatten(treedef, [_reshard_leaf(x, shardings) for x in leaves])
 

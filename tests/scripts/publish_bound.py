@@ -95,7 +95,8 @@ def main():
                                 jax.tree.leaves(cast)))
     print(json.dumps({
         "layout": name, "before": dict(before), "peak": dict(peak), "after": dict(after),
-        "held": dict(held), "cast": dict(cast_bytes), "piece": piece, "copies": copies[0], "equal": ok,
+        "held": dict(held), "cast": dict(cast_bytes), "piece": piece, "copies": copies[0],
+        "equal": ok,
         "total": sum(c.nbytes for c in jax.tree.leaves(cast)),
         "rollout_devices": [d.id for d in rollout_mesh.devices.flat],
         "learner_devices": [d.id for d in train_mesh.devices.flat]}))
