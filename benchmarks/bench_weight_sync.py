@@ -1,11 +1,16 @@
 """Weight sync of a >= 1.5 GB parameter tree to 2 Ray actors: ``jax.experimental.transfer`` vs
-the Ray object store (``sao_jax/rollout/weight_sync.py``), in one run, interleaved.
+the Ray object store (``sao_jax/rollout/weight_sync.py``), whole tree in one bucket vs in
+buckets, in one run, interleaved.
 
-    python benchmarks/bench_weight_sync.py [--gb 1.6] [--repeats 2] [--json out.json]
+    python benchmarks/bench_weight_sync.py [--gb 1.6] [--repeats 2] [--bucket_mb 0,512]
+                                           [--json out.json]
 
-Per transport and round: the trainer publishes a new version (``publish``: for the object store
-this includes ``ray.put`` of the host copy), then both actors pull it at the same time; the
-round's time is publish + the slower actor's pull, from the driver. GB/s = 2 x tree bytes /
+Per transport, bucket size (``rollout.weight_bucket_mb``; 0 = the whole tree in one transfer
+pull / one Ray object, the layout before buckets) and round: the trainer publishes a new version
+(``publish``: what the trainer's loop waits for; for the object store this includes
+``ray.put`` of the host copy, one bucket at a time), the driver arms one ref per actor
+(``ref_for``), then both actors pull it at the same time; the round's time is publish + arm +
+the slower actor's pull, from the driver. GB/s = 2 x tree bytes /
 round time (bytes delivered to the two actors per second). Every pull is checked (a checksum of
 the first and last leaf against the trainer's). The first round of each transport also opens
 its connections; both are reported. Memory: trainer tree + 2 pulled copies (+ one host copy and
@@ -40,7 +45,7 @@ class Receiver:
   def __init__(self):
     self.puller = weight_sync.WeightPuller()
 
-  def pull(self, ref) -> tuple[float, float, float]:
+  def pull(self, ref) -> tuple[float, float, float]:  # the actor's pull thread does the same
     """Returns (pull seconds, sum of the first leaf, sum of the last leaf)."""
     t0 = time.perf_counter()
     leaves = jax.block_until_ready(self.puller.pull_leaves(ref))
@@ -64,6 +69,8 @@ def main():
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--gb", type=float, default=1.6, help="parameter tree size, GB (1e9 bytes)")
   ap.add_argument("--repeats", type=int, default=2, help="rounds per transport")
+  ap.add_argument("--bucket_mb", default="0,512",
+                  help="bucket sizes to compare, MiB, comma-separated (0 = whole tree)")
   ap.add_argument("--json", default="", help="write the results here")
   args = ap.parse_args()
   import ray  # pylint: disable=import-outside-toplevel
@@ -80,21 +87,24 @@ def main():
   try:
     actors = [ray.remote(Receiver).options(num_cpus=0.5).remote() for _ in range(2)]
     ray.get([a.__ray_ready__.remote() for a in actors])
-    pubs = {"transfer": weight_sync.WeightPublisher("transfer"),
-            "object_store": weight_sync.WeightPublisher("object_store")}
+    buckets = [float(b) for b in args.bucket_mb.split(",")]
+    pubs = {(name, mb): weight_sync.WeightPublisher(name, bucket_bytes=int(mb * 2 ** 20))
+            for name in ("transfer", "object_store") for mb in buckets}
     rows, version = [], 0
     for rnd in range(args.repeats):
-      for name, pub in pubs.items():  # interleaved: load from other jobs hits both alike
+      for (name, mb), pub in pubs.items():  # interleaved: load from other jobs hits all alike
         version += 1
         t0 = time.perf_counter()
         pub.publish(tree, version)
-        refs = [pub.ref_for() for _ in actors]
         t_pub = time.perf_counter() - t0
+        refs = [pub.ref_for() for _ in actors]
+        t_arm = time.perf_counter() - t0 - t_pub
         got = ray.get([a.pull.remote(r) for a, r in zip(actors, refs)])
         total = time.perf_counter() - t0
         for _, s0, s1 in got:
           assert (s0, s1) == want, f"{name}: pulled {s0, s1}, trainer has {want}"
-        rows.append({"transport": name, "round": rnd + 1, "publish_s": t_pub,
+        rows.append({"transport": name, "bucket_mb": mb, "buckets": len(refs[0].buckets),
+                     "round": rnd + 1, "publish_s": t_pub, "arm_s": t_arm,
                      "pull_s": [g[0] for g in got], "total_s": total,
                      "gb_per_s": 2 * nbytes / total / 1e9})
         pub.close()  # drop this version (frees the object-store copy)
@@ -105,11 +115,12 @@ def main():
   print(f"tree {nbytes / 1e9:.2f} GB ({len(leaves)} leaves) -> 2 actors; "
         f"load avg {load0[0]:.1f} -> {load1[0]:.1f} on {os.cpu_count()} cores; "
         f"{avail_gb:.1f} GB available at start")
-  print("| transport | round | publish s | pull s (actor 0, 1) | total s "
-        "| GB/s (2 x tree / total) |")
-  print("|---|---|---|---|---|---|")
+  print("| transport | bucket MiB (buckets) | round | publish s | arm s | pull s (actor 0, 1) "
+        "| total s | GB/s (2 x tree / total) |")
+  print("|---|---|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['transport']} | {r['round']} | {r['publish_s']:.2f} | "
+    print(f"| {r['transport']} | {r['bucket_mb']:g} ({r['buckets']}) | {r['round']} | "
+          f"{r['publish_s']:.2f} | {r['arm_s']:.3f} | "
           f"{r['pull_s'][0]:.3f}, {r['pull_s'][1]:.3f} | {r['total_s']:.2f} | "
           f"{r['gb_per_s']:.2f} |")
   if args.json:

@@ -201,6 +201,9 @@ class Rollout:
   weight_sync: str = _f("auto", "backend 'ray': 'transfer' (jax.experimental.transfer), "
                         "'object_store' (ray.put) or 'auto' (object store on CPU)",
                         choices=("auto", "transfer", "object_store"))
+  weight_bucket_mb: float = _f(512.0, "backend 'ray': weights move in buckets of this many MB "
+                               "(an actor places one while the next moves; 0 = whole tree)",
+                               check=">=0")
 
 
 @dataclasses.dataclass(frozen=True)

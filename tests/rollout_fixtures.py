@@ -143,14 +143,15 @@ class ScriptedActor:
       self.items.extend(items)
     return len(self.items)
 
-  def poll(self, timeout_s: float = 0.2) -> dict:
+  def poll(self, timeout_s: float = 0.2, layout: bool = False) -> dict:  # pylint: disable=unused-argument
     import time  # pylint: disable=import-outside-toplevel
     if not self.items:
       time.sleep(min(timeout_s, 0.05))
     out = [(ticket, scripted_trajectory(h, self.member(h))) for ticket, h in self.items]
     self.items = []
     return {"incarnation": self.incarnation, "version": self.version,
-            "first_serve_version": 0, "trajectories": out, "stats": {}, "pull_s": 0.0}
+            "first_serve_version": 0, "trajectories": out, "stats": {}, "pull_s": 0.0,
+            "layout": None}  # None: whole leaves
 
   def pid(self) -> int:
     import os  # pylint: disable=import-outside-toplevel

@@ -41,6 +41,32 @@ def test_engine_implements_jetstream_api():
   assert engine.build_tokenizer().eos_id == 2
 
 
+def test_fallback_api_matches_jetstream():
+  """Without JetStream installed (a plain `pip install -e .`) jetstream_compat defines the API's
+  base classes itself; they must match JetStream 0.2.2's: the same abstract methods, the same
+  dataclass fields, the same tokenizer-parameter fields."""
+  from sao_jax.rollout import jetstream_compat
+  if not jetstream_compat.HAVE_JETSTREAM:
+    pytest.skip("JetStream not installed: nothing to compare the fallback with")
+  import dataclasses
+  from jetstream.engine import engine_api as js_engine, tokenizer_api as js_tok, tokenizer_pb2
+  ours_engine, ours_tok, ours_pb2 = jetstream_compat._fallback_modules()
+  for ours, theirs in [(ours_engine.Engine, js_engine.Engine),
+                       (ours_tok.Tokenizer, js_tok.Tokenizer)]:
+    assert ours.__abstractmethods__ == theirs.__abstractmethods__, theirs
+  for name in ("ResultTokens", "SlotData"):
+    fields = lambda c: [(f.name, f.metadata.get("pytree_node", True))
+                        for f in dataclasses.fields(c)]
+    assert fields(getattr(ours_engine, name)) == fields(getattr(js_engine, name)), name
+  assert (sorted(f.name for f in dataclasses.fields(ours_pb2.TokenizerParameters))
+          == sorted(tokenizer_pb2.TokenizerParameters.DESCRIPTOR.fields_by_name))
+  data = np.arange(12).reshape(4, 3)
+  a = ours_engine.ResultTokens(data, (0, 1), (1, 2), (2, 3), 2).get_result_at_slot(1)
+  b = js_engine.ResultTokens(data, (0, 1), (1, 2), (2, 3), 2).get_result_at_slot(1)
+  for f in ("tokens", "valid", "lengths"):
+    np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+
+
 def _recompute(model, traj, temperature):
   tokens = jnp.asarray(traj.tokens)[None]
   logits, _ = model(tokens, default_positions(tokens))

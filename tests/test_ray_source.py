@@ -27,6 +27,9 @@ from sao_jax.rollout.weight_sync import WeightMismatchError, WeightPublisher, We
 pytestmark = pytest.mark.slow  # every test here is slow (see pyproject's `slow` marker)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the actors' weight-pull gate (``weight_sync._gate``): while this file exists, a pull waits
+# before each bucket after its first (tests/test_weight_pull.py holds a pull half-way with it)
+PULL_GATE = os.path.join(tempfile.gettempdir(), f"sao_pull_gate_{os.getpid()}")
 
 
 # ---- weight sync, one process (no Ray) ----------------------------------------------------------
@@ -101,7 +104,8 @@ def _config():
 def ray_cluster():
   ray = pytest.importorskip("ray")
   before = _ray_processes()
-  env = {"PYTHONPATH": ROOT, "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false"}
+  env = {"PYTHONPATH": ROOT, "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false",
+         "SAO_TEST_PULL_GATE": PULL_GATE}
   from sao_jax.rollout.ray_local import init_ray  # pylint: disable=import-outside-toplevel
   assert init_ray(num_cpus=2, log_to_driver=False, object_store_memory=200 * 1024 ** 2,
                   runtime_env={"env_vars": env}) == "127.0.0.1"

@@ -3,6 +3,11 @@
 It builds the trainer's policy *structure* (``nnx.eval_shape`` of the same ``Transformer``: no
 random init), the task, the guarded env and an ``SAOEngine``, runs a ``RolloutWorker`` on a
 thread, and admits nothing before its first weights arrive.
+
+Weights are pulled on a thread of their own (``set_weights`` only queues the ref), bucket by
+bucket into the engine's parameter shardings, while the worker keeps decoding and ``poll`` keeps
+handing over finished trajectories; the worker swaps to a version between engine calls, once
+every bucket of it has landed (``WeightStore``), so one engine call never mixes versions.
 """
 
 from __future__ import annotations
@@ -33,8 +38,8 @@ class RolloutActor:
     model_config: the trainer's ``ModelConfig`` (the policy structure; weights come by sync).
     index: this actor's index in the source (seeds its sampling: ``config.seed + index``).
 
-  Methods (all return quickly except ``set_weights``, which pulls the weights):
-    ``set_weights(ref)``, ``submit(incarnation, items)``, ``poll(timeout_s)``, ``pid()``,
+  Methods (all return quickly; the pull runs on the actor's pull thread):
+    ``set_weights(ref)``, ``submit(incarnation, items)``, ``poll(timeout_s, layout)``, ``pid()``,
     ``stop()``.
   """
 
@@ -55,7 +60,11 @@ class RolloutActor:
                                     temperature=config.rollout.temperature, seed=seed)
     self.env, self.env_workers = build.rollout_env(config, self.task.env, seed)
     self.seed = seed
-    self.puller = weight_sync.WeightPuller()
+    self.puller = weight_sync.WeightPuller(self._param_shardings())
+    self.layout = self.puller.layout(weight_sync.avals_of(self.expected))
+    self._layout_sent = False
+    self._pulls: collections.deque = collections.deque()  # WeightRefs queued, oldest first
+    self._pull_thread: Optional[threading.Thread] = None
     self.store = None  # WeightStore, created by the first set_weights
     self.first_serve_version = -1  # policy version when this incarnation admitted its 1st prompt
     self.pull_s = 0.0
@@ -73,19 +82,57 @@ class RolloutActor:
 
   # ---- control calls --------------------------------------------------------------------------
   def set_weights(self, ref: weight_sync.WeightRef) -> int:
-    """Pulls ``ref`` (newest wins: an older ref is ignored) and hands it to the rollout worker;
-    the first one starts the worker. Returns this actor's version. Raises
-    ``WeightMismatchError`` if the tree does not match the actor's model."""
-    t0 = time.perf_counter()
-    params = self.puller.pull(ref, expected=self.expected)
-    self.pull_s += time.perf_counter() - t0
-    if params is not None:
-      if self.store is None:
-        self.store = WeightStore(params, ref.version)
-        self._start_worker()
-      else:
-        self.store.publish(params, ref.version)
-    return self.store.version
+    """Queues ``ref`` for the pull thread and returns at once (this actor's current version).
+    The pull lands bucket by bucket; the worker picks the version up once all of it landed (the
+    first one starts the worker). Raises ``WeightMismatchError`` if the tree does not match the
+    actor's model (before any bytes move); a failed pull is raised by the next ``poll``."""
+    weight_sync.check_matches(ref, self.expected)
+    with self._cond:
+      self._pulls.append(ref)
+      if self._pull_thread is None:
+        self._pull_thread = threading.Thread(target=self._pull_loop, name="rollout-actor-pull",
+                                             daemon=True)
+        self._pull_thread.start()
+      self._cond.notify_all()
+    return self.store.version if self.store is not None else -1
+
+  def _param_shardings(self) -> list:
+    """The engine's parameter shardings, one per leaf of ``self.expected`` (treedef order):
+    ``engine.param_shardings`` when the engine has them (a tensor-parallel layout), else
+    replicated on the engine's mesh."""
+    import jax  # pylint: disable=import-outside-toplevel
+    n = len(jax.tree.leaves(self.expected))
+    given = getattr(self.engine, "param_shardings", None)
+    if callable(given):
+      given = given()
+    if given is not None:
+      return jax.tree.leaves(given, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+    return [jax.sharding.NamedSharding(self.engine.mesh, jax.sharding.PartitionSpec())] * n
+
+  def _pull_loop(self) -> None:
+    """The pull thread: pulls the queued refs in order (a ref older than the version held is
+    skipped without moving bytes) and publishes each landed version to the worker."""
+    while not self._stop.is_set():
+      with self._cond:
+        if not self._pulls:
+          self._cond.wait(0.2)
+          continue
+        ref = self._pulls.popleft()
+      try:
+        t0 = time.perf_counter()
+        params = self.puller.pull(ref)
+        self.pull_s += time.perf_counter() - t0
+        if params is not None:
+          if self.store is None:
+            self.store = WeightStore(params, ref.version)
+            self._start_worker()
+          else:
+            self.store.publish(params, ref.version)
+      except BaseException as e:  # pylint: disable=broad-except  (reported by the next poll)
+        with self._cond:
+          self._error = e
+          self._cond.notify_all()
+        return
 
   def submit(self, incarnation: str, items: list) -> int:
     """Queues ``items`` (``[(ticket, Handout)]``: ledger hand-outs) for rollout. Items meant for
@@ -96,12 +143,14 @@ class RolloutActor:
         self._inbox.extend(items)
       return len(self._inbox) + sum(len(q) for q in self._tickets.values())
 
-  def poll(self, timeout_s: float = 0.2) -> dict:
+  def poll(self, timeout_s: float = 0.2, layout: bool = False) -> dict:
     """Finished trajectories, waiting up to ``timeout_s`` for at least one.
 
     Returns ``{"incarnation", "version" (-1 before weights), "first_serve_version",
-    "trajectories": [(ticket, Trajectory)], "stats": WorkerStats fields, "pull_s"}``. Re-raises
-    the rollout worker's error, if it died of one."""
+    "trajectories": [(ticket, Trajectory)], "stats": WorkerStats fields, "pull_s", "pulling"
+    (version being pulled, -1 none), "buckets_done" (its buckets landed)}``, and ``"layout"``
+    (``weight_sync.layout`` of this actor's devices) when asked or in this incarnation's first
+    reply. Re-raises the rollout worker's or the pull thread's error, if it died of one."""
     with self._cond:
       if not self._out and self._error is None:
         self._cond.wait(timeout_s)
@@ -109,18 +158,22 @@ class RolloutActor:
     if self._error is not None:
       raise self._error
     stats = dataclasses.asdict(self._worker.stats) if self._worker is not None else {}
+    send_layout, self._layout_sent = layout or not self._layout_sent, True
     return {"incarnation": self.incarnation,
             "version": self.store.version if self.store is not None else -1,
             "first_serve_version": self.first_serve_version, "trajectories": out,
-            "stats": stats, "pull_s": self.pull_s}
+            "stats": stats, "pull_s": self.pull_s, "pulling": self.puller.pulling,
+            "buckets_done": self.puller.buckets_done,
+            **({"layout": self.layout} if send_layout else {})}
 
   def pid(self) -> int:
     return os.getpid()
 
   def stop(self) -> None:
     self._stop.set()
-    if self._thread is not None:
-      self._thread.join(timeout=10)
+    for t in (self._thread, self._pull_thread):
+      if t is not None:
+        t.join(timeout=10)
 
   # ---- the rollout worker ---------------------------------------------------------------------
   def _problems(self):

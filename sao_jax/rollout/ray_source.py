@@ -20,6 +20,14 @@ bounded queue: back-pressure, so rollouts do not run ahead of the learner), and 
 each actor for finished trajectories (one poll in flight per actor). Every item carries a ticket
 unique in the run; the driver tracks the tickets outstanding at each actor.
 
+Weights: ``publish`` only registers the version (``WeightPublisher``; the object store also puts
+it) and never waits for an actor. An actor is sent a ``WeightRef`` (buckets of the slices its
+devices hold, ``rollout.weight_bucket_mb``) when it holds no pull in flight; it pulls on its own
+thread while it keeps serving and answering polls, and reports the version once all of it
+landed. A version published while an actor still pulls an older one waits for that pull to
+finish (the older one is not abandoned half-way: its armed pulls would leak); the actor then
+gets the newest, skipping those in between.
+
 Faults: an actor that dies (SIGKILL, OOM, node loss) is restarted by Ray (``max_restarts``);
 its outstanding tickets are issued again, first, to whichever actor has room; the restarted
 incarnation (detected by a new incarnation id in its replies, or by the failed call) receives
@@ -66,8 +74,12 @@ class _Actor:
   sent_version: int = -1               # newest version sent to this incarnation
   outstanding: dict = dataclasses.field(default_factory=dict)  # ticket -> problem
   poll_ref: Any = None
-  sync_ref: Any = None
-  sync_wref: Any = None
+  sync_ref: Any = None                 # the set_weights call in flight (returns at once)
+  pull_wref: Any = None                # the WeightRef it is pulling, until that version landed
+  layout: Any = None                   # its devices' weight layout (weight_sync.layout)
+  has_layout: bool = False             # layout received from this incarnation
+  pulling: int = -1                    # version its pull thread reported in progress
+  buckets_done: int = 0                # buckets of that pull landed (last reply)
   retry_at: float = 0.0
   failures: int = 0                    # consecutive failed calls
   trajectories: int = 0
@@ -128,7 +140,8 @@ class RaySource:
     self.max_outstanding = int(r.ray_max_outstanding) or 2 * int(r.slots)
     self.queue_size = int(r.queue_size)
     transport = weight_sync.resolve_transport(r.weight_sync)
-    self.publisher = weight_sync.WeightPublisher(transport)
+    self.publisher = weight_sync.WeightPublisher(
+        transport, bucket_bytes=int(float(r.weight_bucket_mb) * 2 ** 20))
     self.publisher.publish(params, version)
     self.version = int(version)
     self._tickets = itertools.count()
@@ -147,8 +160,9 @@ class RaySource:
 
   # ---- TrajectorySource -----------------------------------------------------------------------
   def publish(self, params, version: int) -> None:
-    """Makes ``params`` the newest weights; each actor pulls them as soon as its previous pull
-    is done (newest wins: versions published meanwhile are skipped)."""
+    """Makes ``params`` the newest weights and returns without waiting for any actor; each
+    actor pulls them as soon as its previous pull is done (newest wins: versions published
+    meanwhile are skipped)."""
     self.publisher.publish(params, version)
     self.version = int(version)
     self.assembler.published(version)  # grpo_sync: the next batch starts on the new weights
@@ -192,6 +206,7 @@ class RaySource:
       m[f"ray/actor{a.index}_trajectories"] = float(a.trajectories)
       m[f"ray/actor{a.index}_version"] = float(a.version)
       m[f"ray/actor{a.index}_restarts"] = float(a.restarts)
+      m[f"ray/actor{a.index}_pulling"] = float(a.pulling)
     m["ray/restarts"] = float(sum(a.restarts for a in self.actors))
     m["ray/outstanding"] = float(sum(len(a.outstanding) for a in self.actors) + len(self._reissue))
     for k in ("reissued", "duplicates"):
@@ -245,8 +260,9 @@ class RaySource:
     return ticket, handout
 
   def _pump(self) -> None:
-    """Weights to actors that lack the newest (one pull in flight each), prompts up to the
-    bound to actors that have weights, a poll in flight for every reachable actor."""
+    """Weights to actors that lack the newest (one pull in flight each: sent only once the
+    previous version landed), prompts up to the bound to actors that were sent weights, a poll in
+    flight for every reachable actor."""
     ray = self._ray
     now = time.monotonic()
     for a in self.actors:
@@ -255,13 +271,16 @@ class RaySource:
         if done:
           self._on_sync_done(a)
       if a.poll_ref is None and now >= a.retry_at:
-        a.poll_ref = a.handle.poll.remote(0.2)
+        a.poll_ref = a.handle.poll.remote(0.2, not a.has_layout)
       if a.incarnation is None:
         continue  # not heard from this incarnation yet
-      if a.sync_ref is None and a.sent_version < self.publisher.version:
-        a.sync_wref = self.publisher.ref_for()
-        a.sync_ref = a.handle.set_weights.remote(a.sync_wref)
-        a.sent_version = a.sync_wref.version
+      if a.pull_wref is not None and a.version >= a.pull_wref.version:
+        a.pull_wref = None  # landed
+      if (a.sync_ref is None and a.pull_wref is None and a.has_layout
+          and a.sent_version < self.publisher.version):
+        a.pull_wref = self.publisher.ref_for(a.layout)
+        a.sync_ref = a.handle.set_weights.remote(a.pull_wref)
+        a.sent_version = a.pull_wref.version
       if a.sent_version < 0:
         continue
       items = []
@@ -277,14 +296,20 @@ class RaySource:
         a.outstanding.update(items)
 
   def _on_sync_done(self, a: _Actor) -> None:
-    ref, wref = a.sync_ref, a.sync_wref
-    a.sync_ref = a.sync_wref = None
+    ref = a.sync_ref
+    a.sync_ref = None
     try:
       a.version = max(a.version, self._ray.get(ref))
     except self._ray.exceptions.RayTaskError as e:  # raised inside the actor: not transient
       raise (e.cause if isinstance(e.cause, BaseException) else e) from e
-    except self._ray.exceptions.RayError:  # died before/while pulling: free the armed pull
-      threading.Thread(target=self.publisher.drain, args=(wref,), daemon=True).start()
+    except self._ray.exceptions.RayError:  # died before queueing the pull: free the armed pulls
+      self._drain(a, 0)
+
+  def _drain(self, a: _Actor, first_bucket: int) -> None:
+    """Frees the armed pulls of ``a``'s unfinished weight pull from ``first_bucket`` on."""
+    if a.pull_wref is not None and a.version < a.pull_wref.version:
+      self.publisher.drain(a.pull_wref, first_bucket)
+    a.pull_wref = None
 
   def _wait_and_collect(self, timeout_s: float) -> None:
     ray = self._ray
@@ -308,7 +333,11 @@ class RaySource:
         if a.incarnation is not None:  # restarted without us seeing a failed call
           self._on_lost(a, restarted=True)
         a.incarnation, a.sent_version, a.version = reply["incarnation"], -1, -1
+        a.layout, a.has_layout = None, False
+      if "layout" in reply:
+        a.layout, a.has_layout = reply["layout"], True
       a.version = max(a.version, reply["version"])
+      a.pulling, a.buckets_done = reply.get("pulling", -1), reply.get("buckets_done", 0)
       a.first_serve_version = reply["first_serve_version"]
       for ticket, traj in reply["trajectories"]:
         a.outstanding.pop(ticket, None)
@@ -329,6 +358,9 @@ class RaySource:
     if a.outstanding:
       self._reissue.extendleft(reversed(list(a.outstanding.items())))
       a.outstanding.clear()
+    # its unfinished pull: drain the buckets it had not reported landed (a bucket it pulled
+    # after its last reply keeps one drain thread waiting until the publisher closes)
+    self._drain(a, a.buckets_done if a.pulling == getattr(a.pull_wref, "version", -2) else 0)
     if not restarted:
       a.failures += 1
       a.retry_at = time.monotonic() + min(0.5 * a.failures, 5.0)
@@ -338,3 +370,4 @@ class RaySource:
     if a.incarnation is not None and (restarted or a.failures == 1):
       a.restarts += 1
     a.incarnation, a.sent_version, a.version, a.first_serve_version = None, -1, -1, -1
+    a.layout, a.has_layout, a.pulling, a.buckets_done = None, False, -1, 0
