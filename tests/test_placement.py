@@ -148,7 +148,7 @@ def test_main_job_runs_split_four_and_four(tmp_path):
        "--config.log.progress=lines"],
       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  assert ("placement: learner on devices [4, 5, 6, 7] {'data': 1, 'fsdp': 4}, rollout on "
+  assert ("placement: learner on devices [4, 5, 6, 7] {'fsdp': 4}, rollout on "
           "[0, 1, 2, 3] {'data': 4, 'tensor': 1, 'expert': 1}") in proc.stdout
   records = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
   train = [r for r in records if "policy_loss" in r]

@@ -19,8 +19,9 @@ from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import Mesh, SingleDeviceSharding
 
+from sao_jax.train import sharding
 from sao_jax.train.distributed import parse_mesh_shape
 
 ROLLOUT_AXES = ("data", "tensor", "expert")
@@ -75,14 +76,14 @@ def rollout_mesh(text: str, devices: Sequence[Any]) -> Mesh:
 
 
 def serving_shardings(params: Any, mesh: Optional[Mesh]) -> Any:
-  """The engine's layout of ``params`` (pytree of arrays or ``ShapeDtypeStruct``s): replicated on
-  ``mesh`` (``SAOEngine`` splits slots over ``data`` and replicates the weights), or on this
-  process's first device when ``mesh`` is None. A tree of shardings like ``params``."""
+  """The engine's layout of ``params`` (pytree of arrays or ``ShapeDtypeStruct``s) on ``mesh``:
+  ``SAOEngine.param_shardings``'s (``sharding.ROLLOUT_RULES``: heads, KV heads, MLP hidden and
+  vocabulary on ``tensor``, experts on ``expert``, replicated over ``data``), or this process's
+  first device when ``mesh`` is None. A tree of shardings like ``params``."""
   if mesh is None:
     one = SingleDeviceSharding(jax.local_devices()[0])
     return jax.tree.map(lambda _: one, params)
-  rep = NamedSharding(mesh, PartitionSpec())
-  return jax.tree.map(lambda _: rep, params)
+  return sharding.param_shardings(params, mesh, sharding.ROLLOUT_RULES)
 
 
 def _bounds(idx: tuple, shape: tuple) -> tuple:
@@ -164,7 +165,8 @@ def reshard(tree: Any, shardings: Any) -> Any:
   leaves, treedef = jax.tree.flatten(tree)
   for x in leaves:
     if not (isinstance(x, jax.Array) and x.is_fully_addressable):
-      raise ValueError("reshard needs fully addressable jax.Arrays (this process's devices); got "
-                       f"{type(x).__name__}{'' if not isinstance(x, jax.Array) else ' spanning processes'}")
+      what = "an array spanning processes" if isinstance(x, jax.Array) else type(x).__name__
+      raise ValueError(f"reshard needs fully addressable jax.Arrays (this process's devices); "
+                       f"got {what}")
   return jax.tree.unflatten(treedef, [_reshard_leaf(x, shardings) for x in leaves])
 

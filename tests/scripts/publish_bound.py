@@ -1,9 +1,9 @@
 """Run by tests/test_placement.py with 8 forced CPU devices: a weight publish from a learner
 sharded over 4 devices (``fsdp=4``) into a 4-device rollout mesh, device to device.
 
-Prints one JSON line per target layout ("replicated": today's engine, params replicated over
-``data=4``; "tensor": a tensor-parallel engine's layout, ``tensor=4`` with the learner's logical
-rules): per device, the bytes live before the publish, the peak while it runs (sampled after
+Prints one JSON line per target layout (``placement.serving_shardings``, the engine's layout:
+"replicated" over ``data=4``; "tensor": sharded over ``tensor=4``): per device, the bytes live
+before the publish, the peak while it runs (sampled after
 every device-to-device copy it makes, the moment a piece has arrived beside the block it is
 written into) and the bytes of the published copy held there; the largest learner shard of any
 array in the serving dtype (the bound's "one piece"); and whether the values equal the cast
@@ -21,7 +21,6 @@ from jax.sharding import NamedSharding
 
 from sao_jax import build, roles
 from sao_jax.rollout import placement
-from sao_jax.train import sharding
 from sao_jax.train.learner import Learner, LearnerConfig
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -58,7 +57,7 @@ def main():
               for s in x.addressable_shards)  # the largest shard, in bfloat16
   tensor_mesh = placement.rollout_mesh("tensor=-1", rollout_mesh.devices.flat)
   layouts = {"replicated": placement.serving_shardings(learner.policy.params, rollout_mesh),
-             "tensor": sharding.param_shardings(learner.policy.params, tensor_mesh)}
+             "tensor": placement.serving_shardings(learner.policy.params, tensor_mesh)}
   cast_bytes = collections.Counter()  # the learner's shards per device, in bfloat16
   for s in (s for x in jax.tree.leaves(learner.policy.params) for s in x.addressable_shards):
     cast_bytes[s.device.id] += s.data.nbytes // 2
@@ -95,7 +94,8 @@ def main():
                                 jax.tree.leaves(cast)))
     print(json.dumps({
         "layout": name, "before": dict(before), "peak": dict(peak), "after": dict(after),
-        "held": dict(held), "cast": dict(cast_bytes), "piece": piece, "copies": copies[0], "equal": ok,
+        "held": dict(held), "cast": dict(cast_bytes), "piece": piece, "copies": copies[0],
+        "equal": ok,
         "total": sum(c.nbytes for c in jax.tree.leaves(cast)),
         "rollout_devices": [d.id for d in rollout_mesh.devices.flat],
         "learner_devices": [d.id for d in train_mesh.devices.flat]}))
