@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -95,6 +96,50 @@ def read_rows(csv_path: str) -> list[dict]:
   return out
 
 
+def _resume_point(csv_path: str, setting: dict) -> set:
+  """The ``(arm, seed)`` runs already finished in ``csv_path`` (those with a ``final_accuracy``
+  row), after checking that the CSV was written with the same ``setting`` (its
+  ``.settings.json`` beside it; written here for a new CSV). Raises ValueError naming the
+  changed keys when it was not."""
+  settings_path = csv_path[:-len(".csv")] + ".settings.json"
+  setting = json.loads(json.dumps(setting, sort_keys=True, default=str))
+  if os.path.exists(csv_path) and os.path.exists(settings_path):
+    with open(settings_path, encoding="utf-8") as f:
+      stored = json.load(f)
+    if stored != setting:
+      changed = sorted(k for k in set(stored) | set(setting) if stored.get(k) != setting.get(k))
+      raise ValueError(f"{csv_path} holds runs of another setting (changed: {changed}); delete it "
+                       f"and {settings_path} to start this study over.")
+    return {(r["arm"], r["seed"]) for r in read_rows(csv_path) if r["metric"] == "final_accuracy"}
+  if os.path.exists(csv_path):  # a CSV from before settings were recorded: not trusted
+    os.remove(csv_path)
+  os.makedirs(os.path.dirname(csv_path) or ".", exist_ok=True)
+  with open(settings_path, "w", encoding="utf-8") as f:
+    json.dump(setting, f, indent=1, sort_keys=True)
+  return set()
+
+
+def paired_test(diffs: Sequence[float]) -> dict:
+  """Paired statistics of per-seed differences ``diffs`` (arm A minus arm B, same seed):
+  ``n``, ``mean``, ``positive`` / ``negative`` (sign count), ``p_sign_flip`` (exact two-sided
+  sign-flip permutation test of the mean: the share of the 2**n sign patterns whose |mean| is
+  at least the observed one) and ``p_t`` (two-sided paired t-test, NaN for n < 2 or zero
+  spread). Raises ValueError on an empty list."""
+  d = np.asarray(list(diffs), dtype=np.float64)
+  if d.size == 0:
+    raise ValueError("paired_test needs at least one paired difference")
+  signs = np.array(list(itertools.product((-1.0, 1.0), repeat=d.size)))
+  observed = abs(d.mean())
+  p_flip = float(np.mean(np.abs((signs * np.abs(d)).mean(axis=1)) >= observed - 1e-12))
+  p_t = float("nan")
+  if d.size >= 2 and d.std(ddof=1) > 0:
+    t = d.mean() / (d.std(ddof=1) / np.sqrt(d.size))
+    from scipy import stats  # pylint: disable=import-outside-toplevel
+    p_t = float(2 * stats.t.sf(abs(t), df=d.size - 1))
+  return {"n": int(d.size), "mean": float(d.mean()), "positive": int((d > 0).sum()),
+          "negative": int((d < 0).sum()), "p_sign_flip": p_flip, "p_t": p_t}
+
+
 def run_training_arms(experiment: str, arms: Sequence[Arm], seeds: Sequence[int], *, quick: bool,
                       out_dir: str, metrics: Sequence[str], base: Optional[dict] = None,
                       config_fn: Callable[[bool], Any] = base_config,
@@ -102,8 +147,14 @@ def run_training_arms(experiment: str, arms: Sequence[Arm], seeds: Sequence[int]
   """Runs every arm with every seed through ``sao_jax.train.loop.run`` (in-process, one after the
   other) and appends each run's per-step ``metrics`` (plus ``elapsed_s``, ``rl_elapsed_s`` = seconds
   since the first policy step, and ``final_accuracy`` at
-  the last step) to ``out_dir/<experiment>.csv`` as soon as it finishes. The CSV is reset first;
-  ``report_only`` runs nothing and returns the existing CSV (FileNotFoundError if there is none).
+  the last step) to ``out_dir/<experiment>.csv`` as soon as it finishes.
+
+  The CSV is the study's checkpoint: a run whose ``final_accuracy`` row is in it is not run again,
+  so a killed or interrupted study resumes where it stopped (a run cut short wrote no row and
+  runs again from its start). ``out_dir/<experiment>.settings.json`` records the setting (quick,
+  ``base``, the arms' overrides); a CSV from another setting raises ValueError naming what
+  changed (delete the CSV to start over). ``report_only`` runs nothing and returns the existing
+  CSV (FileNotFoundError if there is none).
 
   Returns the CSV path. Raises whatever the run raises (a failed run is not hidden)."""
   from sao_jax.train import loop  # pylint: disable=import-outside-toplevel
@@ -112,10 +163,14 @@ def run_training_arms(experiment: str, arms: Sequence[Arm], seeds: Sequence[int]
     if not os.path.exists(csv_path):
       raise FileNotFoundError(f"--report_only needs {csv_path}; run the experiment first.")
     return csv_path
-  if os.path.exists(csv_path):
-    os.remove(csv_path)
+  done = _resume_point(csv_path, {"quick": bool(quick), "base": dict(base or {}),
+                                  "arms": {a.name: a.overrides for a in arms}})
   for seed in seeds:  # seed-major: a run cut short leaves every arm with the same seeds
     for arm in arms:
+      if (arm.name, int(seed)) in done:
+        print(f"[{experiment}] {arm.name} seed {seed}: finished earlier (in {csv_path})",
+              flush=True)
+        continue
       c = config_fn(quick)
       apply_overrides(c, dict(base or {}))
       apply_overrides(c, arm.overrides)

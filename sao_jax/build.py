@@ -5,7 +5,9 @@ What it builds, and from which role:
   * ``build_policy``: the starting ``Policy`` (``run.model``: checkpoint / GGUF / random init;
     ``run.sft``: the warm start) -- ``sft_key`` names a cached warm start;
   * ``critic_from_policy``: the critic, a copy of the policy's backbone with a zero value head;
-  * ``make_mesh`` (``run.mesh``) and ``make_learner`` (``run.train``, via ``LearnerConfig``);
+  * ``make_meshes``: the learner's mesh (``run.mesh``) and the rollout engine's
+    (``rollout.devices`` / ``rollout.mesh``), a split of the local devices
+    (``rollout/placement.py``); ``make_learner`` (``run.train``, via ``LearnerConfig``);
   * ``make_engine``: a JetStream-API ``SAOEngine`` (``run.rollout``);
   * ``rollout_env`` and ``worker_kwargs``: the guarded environment and the rollout worker's
     settings, the same for the thread source and the Ray rollout actor;
@@ -33,6 +35,7 @@ from sao_jax import faults, pretrained, roles
 from sao_jax.envs.guard import GuardedEnv
 from sao_jax.models.transformer import Critic, ModelConfig, Transformer
 from sao_jax.rollout.engine import SAOEngine
+from sao_jax.rollout import placement
 from sao_jax.rollout.ledger import PromptLedger
 from sao_jax.rollout.source import ThreadSource
 from sao_jax.rollout.worker import env_workers_for, generate_trajectories
@@ -119,11 +122,33 @@ def critic_from_policy(mcfg: ModelConfig, policy_params, seed: int):
   return graphdef, params
 
 
-def make_mesh(mesh: roles.Mesh) -> Optional[jax.sharding.Mesh]:
-  """The mesh of ``mesh.shape`` ("fsdp=-1", "fsdp=2,tensor=2,expert=2", ...); None when empty
-  (the learner then uses one device)."""
+def make_mesh(mesh: roles.Mesh, devices=None) -> Optional[jax.sharding.Mesh]:
+  """The mesh of ``mesh.shape`` ("fsdp=-1", "fsdp=2,tensor=2,expert=2", ...) over ``devices``
+  (default every device); None when the shape is empty (the learner then uses one device: the
+  first of ``devices``, else this process's first)."""
   shape = distributed.parse_mesh_shape(mesh.shape)
-  return sharding.make_mesh(shape) if shape else None
+  if shape:
+    return sharding.make_mesh(shape, devices=devices)
+  return None if devices is None else sharding.make_mesh({"data": 1}, devices=list(devices)[:1])
+
+
+def make_meshes(run: roles.Run) -> tuple[Optional[jax.sharding.Mesh], Optional[jax.sharding.Mesh]]:
+  """(the learner's mesh, the rollout engine's mesh) of ``run.mesh`` and ``run.rollout``.
+
+  ``rollout.devices`` N > 0 splits the local devices (``placement.split_devices``): the engine
+  gets the first N laid out as ``rollout.mesh`` (axes data / tensor / expert), the learner the
+  rest laid out as ``mesh.shape``. N = 0: the learner's mesh over every device and no rollout
+  mesh (the engine on device 0). Raises ValueError naming the field (``validate_config`` reports
+  the same before anything is built)."""
+  n = run.rollout.devices
+  if not n:
+    return make_mesh(run.mesh), None
+  if jax.process_count() > 1:
+    raise ValueError(f"rollout.devices={n} splits one process's devices; a multi-process job's "
+                     "rollout runs on Ray actors; fix: set rollout.devices=0")
+  rollout_devices, train_devices = placement.split_devices(jax.local_devices(), n)
+  return (make_mesh(run.mesh, train_devices),
+          placement.rollout_mesh(run.rollout.mesh, rollout_devices))
 
 
 def make_learner(run: roles.Run, policy: Policy, pad_id: int, mesh=None) -> Learner:
@@ -172,10 +197,12 @@ def worker_kwargs(run: roles.Run) -> dict:
 
 
 def make_source(run: roles.Run, task, policy: Policy, params, version: int, ledger: PromptLedger,
-                spec, *, start_step: int = 0, run_dir: str = ""):
+                spec, *, start_step: int = 0, run_dir: str = "", mesh=None):
   """The trajectory source of ``rollout.backend`` ("thread": a rollout worker thread in this
-  process; "ray": ``rollout.num_workers`` Ray rollout actors) with the mode's groups / barrier
-  (``spec``), the staleness policy and the ledger."""
+  process, its engine on ``mesh``, the rollout mesh of ``make_meshes``; "ray":
+  ``rollout.num_workers`` Ray rollout actors) with the mode's groups / barrier (``spec``), the
+  staleness policy and the ledger. ``params``: laid out for the engine
+  (``Learner.policy_params(placement.serving_shardings(...))``)."""
   r = run.rollout
   common = dict(group_size=spec.group_size, synchronous=spec.synchronous,
                 batch_size=run.train.batch_size, staleness_policy=r.staleness_policy,
@@ -184,7 +211,7 @@ def make_source(run: roles.Run, task, policy: Policy, params, version: int, ledg
     from sao_jax.rollout.ray_source import RaySource  # pylint: disable=import-outside-toplevel
     return RaySource(run, policy.mcfg, ledger, params, version, **common)
   engine = make_engine(run, policy.mcfg, policy.graphdef, task.tokenizer, slots=r.slots,
-                       temperature=r.temperature)
+                       temperature=r.temperature, mesh=mesh)
   seed = faults.step_seed(run.seed, start_step) if start_step else run.seed
   engine.reseed(seed)
   env, env_workers = rollout_env(run, task.env, run.seed)

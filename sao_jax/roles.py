@@ -181,6 +181,11 @@ class Rollout:
   lockstep_delay: int = _f(0, "lockstep: sample step n's batch with the weights of n-1-d, so "
                            "every token's staleness is exactly d (matched across arms)",
                            check=">=0")
+  devices: int = _f(0, "backend 'thread': local devices the rollout engine gets (the first N; "
+                    "the learner's mesh.shape lays out the rest); 0 = share device 0 with the "
+                    "learner", check=">=0")
+  mesh: str = _f("data=-1", "the rollout devices' mesh: axes data (slots), tensor, expert, e.g. "
+                 "'data=-1,tensor=1,expert=1' (-1 = the remaining devices)")
   backend: str = _f("thread", "TrajectorySource: 'thread' (in this process) or 'ray' (actors)",
                     choices=("thread", "ray"))
   num_workers: int = _f(1, "rollout workers (engines); > 1 needs backend 'ray'", check=">=1")

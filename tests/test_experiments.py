@@ -175,3 +175,47 @@ def test_training_experiments_quick(tmp_path):
   _check_outputs(out, "online_style", ["running_mean_128"], ["reward_mean"], 0.0, 1.0)
   md = open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read()
   assert "<!-- section:stability -->" in md and "### Delay d = 2" in md
+
+
+def test_paired_test_hand_worked():
+  """d = (0.1, 0.2, 0.3): of the 8 sign patterns only all-plus and all-minus reach |mean| 0.2,
+  so the exact sign-flip p is 2/8; t = 0.2 / (0.1 / sqrt 3) = 3.464 on 2 degrees of freedom,
+  whose two-sided p is 1 - t / sqrt(t^2 + 2) = 0.0742 (the t distribution with 2 df)."""
+  s = common.paired_test([0.1, 0.2, 0.3])
+  assert (s["n"], s["positive"], s["negative"]) == (3, 3, 0)
+  assert s["p_sign_flip"] == pytest.approx(0.25)
+  t = 0.2 / (0.1 / np.sqrt(3))
+  assert s["p_t"] == pytest.approx(1 - t / np.sqrt(t * t + 2), rel=1e-9)
+  assert common.paired_test([0.1, -0.1])["p_sign_flip"] == pytest.approx(1.0)
+  with pytest.raises(ValueError):
+    common.paired_test([])
+
+
+def test_study_resumes_from_its_csv_and_refuses_another_setting(tmp_path):
+  """The CSV is the study's checkpoint: finished (arm, seed) runs are skipped on a rerun of the
+  same setting; a changed setting raises naming what changed; a run cut short (no
+  final_accuracy row) is not counted as finished."""
+  csv_path = str(tmp_path / "x.csv")
+  setting = {"quick": False, "base": {"train.num_steps": 5}, "arms": {"a": {}, "b": {"k": 1}}}
+  assert common._resume_point(csv_path, setting) == set()
+  common.append_rows(csv_path, [("x", "a", 0, 5, "final_accuracy", 0.5),
+                                ("x", "b", 0, 3, "reward_mean", 0.1),
+                                ("x", "a", 1, 5, "final_accuracy", 0.4)])
+  assert common._resume_point(csv_path, setting) == {("a", 0), ("a", 1)}
+  with pytest.raises(ValueError, match=r"changed: \['base'\]"):
+    common._resume_point(csv_path, dict(setting, base={"train.num_steps": 6}))
+
+
+@pytest.mark.slow
+def test_gae_coding_quick(tmp_path):
+  """gae_coding --quick: both arms on configs/swe_lite.py:smoke (2 steps) write the CSV with the
+  observation-token metric, the plot and a section; a rerun resumes (runs nothing again)."""
+  code = ("import sys; sys.path.insert(0, 'experiments'); import gae_coding; "
+          f"gae_coding.run(True, {str(tmp_path)!r}); gae_coding.run(True, {str(tmp_path)!r})")
+  proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                        timeout=900, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  rows = _check_outputs(str(tmp_path), "gae_coding", ["sao", "naive_gae"],
+                        ["final_accuracy", "obs_tokens_mean"], 0.0, 1e6)
+  assert proc.stdout.count("finished earlier") == 2  # the second call ran nothing
+  assert sum(r["metric"] == "final_accuracy" for r in rows) == 2

@@ -111,52 +111,52 @@ _PROMPT_RE = re.compile(r"Compute (.+)\.")
 
 
 def split_of(expr: str) -> str:
-    """The split an expression belongs to ("train" or "eval"), by stable hash."""
-    h = int.from_bytes(hashlib.blake2b(expr.encode("utf-8"), digest_size=8).digest(), "little")
-    return "eval" if h % EVAL_HASH_BUCKETS == 0 else "train"
+  """The split an expression belongs to ("train" or "eval"), by stable hash."""
+  h = int.from_bytes(hashlib.blake2b(expr.encode("utf-8"), digest_size=8).digest(), "little")
+  return "eval" if h % EVAL_HASH_BUCKETS == 0 else "train"
 
 
 def _sample_expr(rng: np.random.Generator) -> str:
-    t = int(rng.integers(len(TEMPLATES)))
-    a, c = (int(x) for x in rng.integers(100, 1000, size=2))
-    b, d, e = (int(x) for x in rng.integers(10, 100, size=3))
-    return TEMPLATES[t].format(a=a, b=b, c=c, d=d, e=e)
+  t = int(rng.integers(len(TEMPLATES)))
+  a, c = (int(x) for x in rng.integers(100, 1000, size=2))
+  b, d, e = (int(x) for x in rng.integers(10, 100, size=3))
+  return TEMPLATES[t].format(a=a, b=b, c=c, d=d, e=e)
 
 
 def make_problems(n: int, seed: int = 0, split: str = "train") -> list[Problem]:
-    """``n`` distinct deterministic problems of ``split`` ("train" | "eval")."""
-    if split not in _SPLITS:
-        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), _SPLITS[split]]))
-    seen: set[str] = set()
-    problems: list[Problem] = []
-    while len(problems) < n:
-        expr = _sample_expr(rng)
-        if expr in seen or split_of(expr) != split:
-            continue
-        seen.add(expr)
-        problems.append(
-            Problem(
-                id=f"arith-{split}-{seed}-{len(problems):06d}",
-                prompt=f"Compute {expr}.",
-                answer=str(safe_eval_arith(expr)),
-            )
+  """``n`` distinct deterministic problems of ``split`` ("train" | "eval")."""
+  if split not in _SPLITS:
+    raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+  if n < 0:
+    raise ValueError(f"n must be >= 0, got {n}")
+  rng = np.random.default_rng(np.random.SeedSequence([int(seed), _SPLITS[split]]))
+  seen: set[str] = set()
+  problems: list[Problem] = []
+  while len(problems) < n:
+    expr = _sample_expr(rng)
+    if expr in seen or split_of(expr) != split:
+      continue
+    seen.add(expr)
+    problems.append(
+        Problem(
+            id=f"arith-{split}-{seed}-{len(problems):06d}",
+            prompt=f"Compute {expr}.",
+            answer=str(safe_eval_arith(expr)),
         )
-    return problems
+    )
+  return problems
 
 
 def problem_expression(problem: Problem) -> str:
-    """``"347*29-118"`` from ``Problem(prompt="Compute 347*29-118.")``."""
-    m = _PROMPT_RE.fullmatch(problem.prompt.strip())
-    if m is None:
-        raise ValueError(f"not an arithmetic problem prompt: {problem.prompt!r}")
-    return m.group(1)
+  """``"347*29-118"`` from ``Problem(prompt="Compute 347*29-118.")``."""
+  m = _PROMPT_RE.fullmatch(problem.prompt.strip())
+  if m is None:
+    raise ValueError(f"not an arithmetic problem prompt: {problem.prompt!r}")
+  return m.group(1)
 
 
 def _hash64(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+  return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def tool_latency(
@@ -167,133 +167,133 @@ def tool_latency(
     sigma: float,
     seed: int = 0,
 ) -> float:
-    """Seconds one tool call waits: ``median_s * exp(sigma * z)``, ``z ~ N(0, 1)`` (lognormal).
+  """Seconds one tool call waits: ``median_s * exp(sigma * z)``, ``z ~ N(0, 1)`` (lognormal).
 
-    Args:
-      problem_id: the problem's id (grpo group members carry ``#g<ordinal>``).
-      turn: the policy turn (0-based) that made the call.
-      action_ids: that turn's action tokens (ints).
-      median_s: median latency in seconds (0 = off: returns 0.0).
-      sigma: standard deviation of ``log(latency)`` (0 = always exactly ``median_s``).
-      seed: ``config.seed``.
+  Args:
+    problem_id: the problem's id (grpo group members carry ``#g<ordinal>``).
+    turn: the policy turn (0-based) that made the call.
+    action_ids: that turn's action tokens (ints).
+    median_s: median latency in seconds (0 = off: returns 0.0).
+    sigma: standard deviation of ``log(latency)`` (0 = always exactly ``median_s``).
+    seed: ``config.seed``.
 
-    Returns a float >= 0, deterministic in all arguments: ``z`` is the first standard normal of
-    ``np.random.default_rng(SeedSequence([seed, blake2b(problem_id), turn, blake2b(action)]))``.
-    Raises ValueError for ``median_s < 0`` or ``sigma < 0``.
-    """
-    if median_s < 0 or sigma < 0 or not math.isfinite(median_s) or not math.isfinite(sigma):
-        raise ValueError(
-            f"task.tool_latency_median_s={median_s} and task.tool_latency_sigma={sigma} must be "
-            "finite and >= 0 (use e.g. 0.2 and 1.0, or median 0 for no latency)"
-        )
-    if median_s == 0:
-        return 0.0
-    action = np.asarray([int(t) for t in action_ids], np.int64).tobytes()
-    ss = np.random.SeedSequence(
-        [int(seed) & 0xFFFFFFFF, _hash64(str(problem_id).encode("utf-8")), int(turn),
-         _hash64(action)]
+  Returns a float >= 0, deterministic in all arguments: ``z`` is the first standard normal of
+  ``np.random.default_rng(SeedSequence([seed, blake2b(problem_id), turn, blake2b(action)]))``.
+  Raises ValueError for ``median_s < 0`` or ``sigma < 0``.
+  """
+  if median_s < 0 or sigma < 0 or not math.isfinite(median_s) or not math.isfinite(sigma):
+    raise ValueError(
+        f"task.tool_latency_median_s={median_s} and task.tool_latency_sigma={sigma} must be "
+        "finite and >= 0 (use e.g. 0.2 and 1.0, or median 0 for no latency)"
     )
-    z = float(np.random.default_rng(ss).standard_normal())
-    return float(median_s * math.exp(sigma * z))
+  if median_s == 0:
+    return 0.0
+  action = np.asarray([int(t) for t in action_ids], np.int64).tobytes()
+  ss = np.random.SeedSequence(
+      [int(seed) & 0xFFFFFFFF, _hash64(str(problem_id).encode("utf-8")), int(turn),
+       _hash64(action)]
+  )
+  z = float(np.random.default_rng(ss).standard_normal())
+  return float(median_s * math.exp(sigma * z))
 
 
 def _prompt_text(problem: Problem) -> str:
-    return problem.prompt + "\n"
+  return problem.prompt + "\n"
 
 
 def _observation_ids(tokenizer, result: str) -> list[int]:
-    return [tokenizer.obs_start_id, *tokenizer.encode(result), tokenizer.obs_end_id]
+  return [tokenizer.obs_start_id, *tokenizer.encode(result), tokenizer.obs_end_id]
 
 
 def _run_tool(expr: str | None) -> str:
-    if expr is None:
-        return "error"
-    try:
-        return str(safe_eval_arith(expr))
-    except ValueError:
-        return "error"
+  if expr is None:
+    return "error"
+  try:
+    return str(safe_eval_arith(expr))
+  except ValueError:
+    return "error"
 
 
 class ArithToolEnv:
-    """Multi-turn arithmetic environment with a calculator tool (see module doc).
+  """Multi-turn arithmetic environment with a calculator tool (see module doc).
 
-    Args:
-      tokenizer: a ``CharTokenizer`` (or one with the same special tokens).
-      max_turns: policy turns per episode (>= 1).
-      tool_latency_median_s: median seconds each tool call sleeps (0 = no latency).
-      tool_latency_sigma: log-std of the lognormal tool latency (``tool_latency``).
-      seed: seed of the latency draws.
+  Args:
+    tokenizer: a ``CharTokenizer`` (or one with the same special tokens).
+    max_turns: policy turns per episode (>= 1).
+    tool_latency_median_s: median seconds each tool call sleeps (0 = no latency).
+    tool_latency_sigma: log-std of the lognormal tool latency (``tool_latency``).
+    seed: seed of the latency draws.
 
-    Raises ValueError for ``max_turns < 1`` or a negative latency parameter.
-    """
+  Raises ValueError for ``max_turns < 1`` or a negative latency parameter.
+  """
 
-    def __init__(self, tokenizer, max_turns: int = 3, tool_latency_median_s: float = 0.0,
-                 tool_latency_sigma: float = 1.0, seed: int = 0):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        tool_latency("", 0, (), tool_latency_median_s, tool_latency_sigma)  # validates
-        self.tokenizer = tokenizer
-        self.max_turns = int(max_turns)
-        self.tool_latency_median_s = float(tool_latency_median_s)
-        self.tool_latency_sigma = float(tool_latency_sigma)
-        self.seed = int(seed)
+  def __init__(self, tokenizer, max_turns: int = 3, tool_latency_median_s: float = 0.0,
+               tool_latency_sigma: float = 1.0, seed: int = 0):
+    if max_turns < 1:
+      raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+    tool_latency("", 0, (), tool_latency_median_s, tool_latency_sigma)  # validates
+    self.tokenizer = tokenizer
+    self.max_turns = int(max_turns)
+    self.tool_latency_median_s = float(tool_latency_median_s)
+    self.tool_latency_sigma = float(tool_latency_sigma)
+    self.seed = int(seed)
 
-    def prompt_ids(self, problem: Problem) -> list[int]:
-        return [self.tokenizer.bos_id, *self.tokenizer.encode(_prompt_text(problem))]
+  def prompt_ids(self, problem: Problem) -> list[int]:
+    return [self.tokenizer.bos_id, *self.tokenizer.encode(_prompt_text(problem))]
 
-    @staticmethod
-    def run_tool(expr: str | None) -> str:
-        """The calculator: ``str(safe_eval_arith(expr))``, or ``"error"`` (subclasses narrow it)."""
-        return _run_tool(expr)
+  @staticmethod
+  def run_tool(expr: str | None) -> str:
+    """The calculator: ``str(safe_eval_arith(expr))``, or ``"error"`` (subclasses narrow it)."""
+    return _run_tool(expr)
 
-    def observation_ids(self, result: str) -> list[int]:
-        """Tokens of ``<obs>RESULT</obs>``."""
-        return _observation_ids(self.tokenizer, result)
+  def observation_ids(self, result: str) -> list[int]:
+    """Tokens of ``<obs>RESULT</obs>``."""
+    return _observation_ids(self.tokenizer, result)
 
-    def step(self, problem: Problem, turn: int, action_ids: Sequence[int]) -> EnvStep:
-        tok = self.tokenizer
-        ids = [int(t) for t in action_ids]
-        text = tok.decode(ids)
-        boxed = extract_boxed(text)
-        info: dict = {"tool_calls": 0, "truncated": False, "answer": boxed}
-        last_turn = turn >= self.max_turns - 1
+  def step(self, problem: Problem, turn: int, action_ids: Sequence[int]) -> EnvStep:
+    tok = self.tokenizer
+    ids = [int(t) for t in action_ids]
+    text = tok.decode(ids)
+    boxed = extract_boxed(text)
+    info: dict = {"tool_calls": 0, "truncated": False, "answer": boxed}
+    last_turn = turn >= self.max_turns - 1
 
-        if not ids or ids[-1] not in (tok.eos_id, tok.tool_end_id):
-            info.update(truncated=True, stop="length")
-            return EnvStep(observation_ids=[], done=True, reward=0.0, info=info)
+    if not ids or ids[-1] not in (tok.eos_id, tok.tool_end_id):
+      info.update(truncated=True, stop="length")
+      return EnvStep(observation_ids=[], done=True, reward=0.0, info=info)
 
-        if ids[-1] == tok.eos_id:
-            info["stop"] = "eos"
-            reward = grade(text, problem.answer) if boxed is not None else 0.0
-            return EnvStep(observation_ids=[], done=True, reward=reward, info=info)
+    if ids[-1] == tok.eos_id:
+      info["stop"] = "eos"
+      reward = grade(text, problem.answer) if boxed is not None else 0.0
+      return EnvStep(observation_ids=[], done=True, reward=reward, info=info)
 
-        # Tool call: expression between the last <tool> and the final </tool>.
-        info["stop"] = "tool"
-        info["tool_calls"] = 1
-        starts = [i for i in range(len(ids) - 1) if ids[i] == tok.tool_start_id]
-        expr = tok.decode(ids[starts[-1] + 1 : -1]) if starts else None
-        result = self.run_tool(expr)
-        wait = tool_latency(getattr(problem, "id", ""), turn, ids, self.tool_latency_median_s,
-                            self.tool_latency_sigma, self.seed)
-        if wait > 0:
-            time.sleep(wait)  # a slow tool / sandbox call
-        info.update(tool_expr=expr, tool_result=result, tool_latency_s=wait)
-        if last_turn:
-            reward = grade(text, problem.answer) if boxed is not None else 0.0
-            return EnvStep(observation_ids=[], done=True, reward=reward, info=info)
-        return EnvStep(observation_ids=self.observation_ids(result), done=False, reward=0.0,
-                       info=info)
+    # Tool call: expression between the last <tool> and the final </tool>.
+    info["stop"] = "tool"
+    info["tool_calls"] = 1
+    starts = [i for i in range(len(ids) - 1) if ids[i] == tok.tool_start_id]
+    expr = tok.decode(ids[starts[-1] + 1 : -1]) if starts else None
+    result = self.run_tool(expr)
+    wait = tool_latency(getattr(problem, "id", ""), turn, ids, self.tool_latency_median_s,
+                        self.tool_latency_sigma, self.seed)
+    if wait > 0:
+      time.sleep(wait)  # a slow tool / sandbox call
+    info.update(tool_expr=expr, tool_result=result, tool_latency_s=wait)
+    if last_turn:
+      reward = grade(text, problem.answer) if boxed is not None else 0.0
+      return EnvStep(observation_ids=[], done=True, reward=reward, info=info)
+    return EnvStep(observation_ids=self.observation_ids(result), done=False, reward=0.0,
+                   info=info)
 
 
 def _guess(answer: int, rng: np.random.Generator, p_correct: float) -> int:
-    if rng.random() < p_correct:
-        return answer
-    scale = max(2, abs(answer) // 4)
-    offset = int(rng.integers(1, scale + 1)) * (1 if rng.random() < 0.5 else -1)
-    guess = answer + offset
-    if (guess <= 0) != (answer <= 0):  # keep the sign (and rough magnitude)
-        guess = answer - offset
-    return guess
+  if rng.random() < p_correct:
+    return answer
+  scale = max(2, abs(answer) // 4)
+  offset = int(rng.integers(1, scale + 1)) * (1 if rng.random() < 0.5 else -1)
+  guess = answer + offset
+  if (guess <= 0) != (answer <= 0):  # keep the sign (and rough magnitude)
+    guess = answer - offset
+  return guess
 
 
 def make_demo(
@@ -303,33 +303,33 @@ def make_demo(
     tokenizer,
     p_guess_correct: float = 0.1,
 ) -> tuple[list[int], list[int]]:
-    """SFT demonstration ``(token_ids, loss_mask)`` for ``problem``.
+  """SFT demonstration ``(token_ids, loss_mask)`` for ``problem``.
 
-    Tool demo: ``prompt <tool>EXPR</tool><obs>RESULT</obs>\\boxed{RESULT}<eos>``;
-    guess demo: ``prompt \\boxed{GUESS}<eos>`` with GUESS correct w.p.
-    ``p_guess_correct``, else answer + a nonzero offset of up to ~25% of the
-    answer.  ``loss_mask`` is 1 exactly on action tokens (including
-    ``</tool>`` and ``<eos>``), 0 on the prompt and on ``<obs>...</obs>``.
-    The sequence is exactly what ``ArithToolEnv`` produces for these actions.
-    """
-    prompt = [tokenizer.bos_id, *tokenizer.encode(_prompt_text(problem))]
-    ids: list[int] = list(prompt)
-    mask: list[int] = [0] * len(prompt)
+  Tool demo: ``prompt <tool>EXPR</tool><obs>RESULT</obs>\\boxed{RESULT}<eos>``;
+  guess demo: ``prompt \\boxed{GUESS}<eos>`` with GUESS correct w.p.
+  ``p_guess_correct``, else answer + a nonzero offset of up to ~25% of the
+  answer.  ``loss_mask`` is 1 exactly on action tokens (including
+  ``</tool>`` and ``<eos>``), 0 on the prompt and on ``<obs>...</obs>``.
+  The sequence is exactly what ``ArithToolEnv`` produces for these actions.
+  """
+  prompt = [tokenizer.bos_id, *tokenizer.encode(_prompt_text(problem))]
+  ids: list[int] = list(prompt)
+  mask: list[int] = [0] * len(prompt)
 
-    def add(tokens: list[int], m: int) -> None:
-        ids.extend(tokens)
-        mask.extend([m] * len(tokens))
+  def add(tokens: list[int], m: int) -> None:
+    ids.extend(tokens)
+    mask.extend([m] * len(tokens))
 
-    if use_tool:
-        expr = problem_expression(problem)
-        result = _run_tool(expr)
-        add([tokenizer.tool_start_id, *tokenizer.encode(expr), tokenizer.tool_end_id], 1)
-        add(_observation_ids(tokenizer, result), 0)
-        final = result
-    else:
-        final = str(_guess(int(problem.answer), rng, p_guess_correct))
-    add([*tokenizer.encode("\\boxed{" + final + "}"), tokenizer.eos_id], 1)
-    return ids, mask
+  if use_tool:
+    expr = problem_expression(problem)
+    result = _run_tool(expr)
+    add([tokenizer.tool_start_id, *tokenizer.encode(expr), tokenizer.tool_end_id], 1)
+    add(_observation_ids(tokenizer, result), 0)
+    final = result
+  else:
+    final = str(_guess(int(problem.answer), rng, p_guess_correct))
+  add([*tokenizer.encode("\\boxed{" + final + "}"), tokenizer.eos_id], 1)
+  return ids, mask
 
 
 def make_sft_dataset(
@@ -339,10 +339,10 @@ def make_sft_dataset(
     tokenizer,
     p_guess_correct: float = 0.1,
 ) -> list[tuple[list[int], list[int]]]:
-    """One demo per problem; each uses the tool with probability ``p_tool``."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for problem in problems:
-        use_tool = bool(rng.random() < p_tool)
-        out.append(make_demo(problem, use_tool, rng, tokenizer, p_guess_correct))
-    return out
+  """One demo per problem; each uses the tool with probability ``p_tool``."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for problem in problems:
+    use_tool = bool(rng.random() < p_tool)
+    out.append(make_demo(problem, use_tool, rng, tokenizer, p_guess_correct))
+  return out

@@ -35,18 +35,18 @@ __all__ = ["EnvStep", "Env", "Problem"]
 
 @dataclasses.dataclass(frozen=True)
 class EnvStep:
-    observation_ids: list[int]  # tokens to append after the action (empty if done)
-    done: bool
-    reward: float  # only meaningful when done
-    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+  observation_ids: list[int]  # tokens to append after the action (empty if done)
+  done: bool
+  reward: float  # only meaningful when done
+  info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @runtime_checkable
 class Env(Protocol):
-    max_turns: int
+  max_turns: int
 
-    def prompt_ids(self, problem: Problem) -> list[int]:  # starts with bos
-        ...
+  def prompt_ids(self, problem: Problem) -> list[int]:  # starts with bos
+    ...
 
-    def step(self, problem: Problem, turn: int, action_ids: list[int]) -> EnvStep:
-        ...
+  def step(self, problem: Problem, turn: int, action_ids: list[int]) -> EnvStep:
+    ...

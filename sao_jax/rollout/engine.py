@@ -29,18 +29,38 @@ was actually sampled. ``temperature == 0`` means greedy (argmax); its recorded l
 the temperature-1 distribution. No top-k/top-p: their log-probs would belong to a truncated
 distribution the trainer does not recompute.
 
-Slots split over devices: on a mesh whose ``data`` axis has n > 1 devices (``SAOEngine(mesh=)``),
-device d holds slots ``d * S/n .. (d + 1) * S/n - 1`` of the decode state (``P("data")``), the
-params are replicated, and ``generate``, ``generate_steps``, ``prefill_insert`` and ``insert`` run
-per device under ``jax.shard_map`` with no communication (plain ``jit`` on that state put an
-all-gather into every cache write); ``slot_prefix`` reads a slot out with one ``psum``. A row's
-uniforms are its slice of one draw for all rows, so the tokens are those of one device
-(``tests/test_engine_data_parallel.py``). On a CPU host this is how the engine uses several
-cores: XLA:CPU spreads one small decode step poorly over two threads, while two host devices
-(``--xla_force_host_platform_device_count=2``: two XLA devices, whose programs can run at the same
-time) each decoding half the slots overlap, which raises tokens/s most at many slots. A multi-turn
-rollout of one-row prefills is slower split (each call runs on every device). Measurements:
-``benchmarks/RESULTS.md`` section 2.
+Layout on a mesh (``SAOEngine(mesh=)``, axes ``data``, ``tensor``, ``expert``, any of size 1;
+default one device). Each parameter's logical axes (``models/partition.py``) map to the engine's
+mesh axes by one table, ``train.sharding.ROLLOUT_RULES``, and the KV cache uses the same names:
+
+=============  ===========================================================================
+``data``       decode slots: device row d holds slots ``d * S/n .. (d + 1) * S/n - 1`` of
+               the decode state (cache, lengths, tokens, log-probs); weights replicated
+``tensor``     attention heads (q / o projections) and KV heads (k / v projections and the
+               KV cache ``[slots, kv_heads, ...]``), the MLP hidden (dense and per expert),
+               the vocabulary (embedding, LM head); ``n_kv_heads`` must be a multiple of it
+``expert``     MoE experts (``[experts, ...]`` weights, router columns)
+other axes     replicate (e.g. a learner mesh's ``fsdp`` axis)
+=============  ===========================================================================
+
+``param_shardings(params)`` gives that layout (publish weights into it with ``jax.device_put``;
+``load_params`` does), and every compiled call constrains its params to it (replicated params
+are sliced in place) and its decode state to the cache layout. The ``data`` axis is the manual
+axis of a ``jax.shard_map`` (``generate``, ``generate_steps``, ``prefill_insert`` and ``insert``
+run per slot group, no communication across ``data``: plain ``jit`` on that state put an
+all-gather into every cache write; ``slot_prefix`` reads a slot out with one ``psum``);
+``tensor`` and ``expert`` stay automatic, so XLA's SPMD partitioner inserts their collectives
+(all-reduces after the o / down / expert projections, gathers of small activations where an
+op needs a whole axis, such as the sampler's logits and the router's scores; no weight is
+gathered in a decode step: ``tests/test_engine_tensor_parallel.py``). Sums split over devices
+change float32 rounding, so log-probs match one device within the tests' 1e-5, not bit for bit.
+A row's uniforms are its slice of one draw for all rows, so the tokens are those of one device
+(``tests/test_engine_data_parallel.py``, ``tests/test_engine_tensor_parallel.py``). On a CPU
+host the ``data`` axis is how the engine uses several cores: XLA:CPU spreads one small decode
+step poorly over two threads, while two host devices (``--xla_force_host_platform_device_count
+=2``: two XLA devices, whose programs can run at the same time) each decoding half the slots
+overlap, which raises tokens/s most at many slots. A multi-turn rollout of one-row prefills is
+slower split (each call runs on every device). Measurements: ``benchmarks/RESULTS.md`` section 2.
 
 KV-cache layout: per layer ``k [slots, n_kv_heads, head_dim, cache_len]`` (keys transposed) and
 ``v [slots, n_kv_heads, cache_len, head_dim]`` (``transformer.init_cache``);
@@ -81,6 +101,7 @@ from flax import nnx, struct
 from jax.sharding import NamedSharding, PartitionSpec
 
 from sao_jax.models.transformer import ModelConfig, init_cache
+from sao_jax.train import sharding
 from sao_jax.rollout.jetstream_compat import engine_api, tokenizer_api, tokenizer_pb2
 
 
@@ -281,17 +302,19 @@ class SAOEngine(engine_api.Engine):
     max_prefill_length: longest chunk one prefill call takes (prompt or observation).
     temperature: sampling temperature (0 = greedy).
     seed: PRNG seed for sampling.
-    mesh: device mesh the engine runs on (default: one device). Its ``data`` axis, when larger
-      than 1, splits the slots: device d holds slots ``d * n .. (d + 1) * n - 1`` (``n = slots /
-      data``) and decodes and prefills them on its own, with replicated params and no
-      communication (``jax.shard_map``); the draws are those of one device (given JAX's
-      default ``jax_threefry_partitionable=True``; without it they are as random but differ).
-      Other axes replicate. Params must be replicated on the mesh or uncommitted (not placed on
-      devices outside it).
+    mesh: device mesh the engine runs on (default: one device), with axes among ``data``,
+      ``tensor``, ``expert`` (see the module docstring's layout). Its ``data`` axis, when
+      larger than 1, splits the slots: device row d holds slots ``d * n .. (d + 1) * n - 1``
+      (``n = slots / data``) and decodes and prefills them on its own (``jax.shard_map``);
+      ``tensor`` and ``expert`` split the weights and the KV cache. The draws are those of one
+      device (given JAX's default ``jax_threefry_partitionable=True``; without it they are as
+      random but differ). Other axes replicate. Params must be in ``param_shardings``,
+      replicated on the mesh or uncommitted (not placed on devices outside it).
     kv_bucket: smallest live-length bucket (cache positions attended to); buckets double from
       it up to ``cache_len``.
 
-  Raises ValueError for ``kv_bucket < 1`` or slots not divisible by the mesh's ``data`` axis.
+  Raises ValueError for ``kv_bucket < 1``, slots not divisible by the mesh's ``data`` axis or
+  ``n_kv_heads`` not divisible by its ``tensor`` axis (the message names ``rollout.mesh``).
   """
 
   def __init__(self, model_config: ModelConfig, graphdef, tokenizer, *,
@@ -309,38 +332,63 @@ class SAOEngine(engine_api.Engine):
     self.temperature = float(temperature)
     self.cache_len = model_config.max_seq_len + 1
     self._mesh = mesh or jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
-    self._dp = int(dict(self._mesh.shape).get("data", 1))  # devices the slots are split over
+    shape = dict(self._mesh.shape)
+    self._dp = int(shape.get("data", 1))  # devices the slots are split over
     if max_concurrent_decodes % self._dp:
       raise ValueError(f"rollout.slots (max_concurrent_decodes)={max_concurrent_decodes} must be "
                        f"a multiple of the engine mesh's data axis ({self._dp} devices): each "
                        f"device holds as many slots")
+    tp = int(shape.get("tensor", 1))
+    kv = model_config.n_kv_heads
+    if kv % tp:
+      raise ValueError(f"rollout.mesh tensor={tp} does not divide the model's {kv} KV heads "
+                       f"(n_kv_heads): the KV cache is split by KV heads; use a tensor size that "
+                       f"divides {kv} (put the other devices on data or expert)")
+    # tensor / expert axes of size > 1: the weights and the KV cache are split over them (XLA's
+    # SPMD partitioner inserts the collectives); without them params are taken as they come
+    self._model_parallel = any(int(shape.get(a, 1)) > 1 for a in ("tensor", "expert"))
     self._base_key = jax.random.key(seed)
     self._counter = itertools.count()
     self._lock = threading.Lock()
-    # per-slot arrays along the data axis; a mesh without one replicates them (as params)
+    # per-slot arrays along the data axis; a mesh without one replicates them (as params).
+    # ``state_spec`` names the data axis only (shard_map's manual axis); the decode state's
+    # shardings add the KV heads on tensor (``sharding.ROLLOUT_RULES``, as the params)
     split = PartitionSpec("data" if "data" in self._mesh.axis_names else None)
     rep = PartitionSpec()
     state_spec = DecodeState(cache=[(split, split)] * model_config.n_layers, lengths=split,
                              tokens=split, logprobs=split, rng=rep)
-    self._state_sharding = jax.tree.map(lambda p: NamedSharding(self._mesh, p), state_spec,
-                                        is_leaf=lambda x: isinstance(x, PartitionSpec))
-    self._prefill_jit = jax.jit(self._prefill_impl, static_argnames=("has_prefix", "kv_len"))
+    cfg = model_config
+    k_spec, v_spec = (sharding.logical_to_spec(axes, dims, self._mesh, sharding.ROLLOUT_RULES)
+                      for axes, dims in (
+                          (("batch", "kv_heads", "head_dim", "length"),
+                           (self._slots, cfg.n_kv_heads, cfg.head_dim, self.cache_len)),
+                          (("batch", "kv_heads", "length", "head_dim"),
+                           (self._slots, cfg.n_kv_heads, self.cache_len, cfg.head_dim))))
+    self._state_sharding = jax.tree.map(
+        lambda p: NamedSharding(self._mesh, p),
+        state_spec.replace(cache=[(k_spec, v_spec)] * cfg.n_layers),
+        is_leaf=lambda x: isinstance(x, PartitionSpec))
+    self._prefill_jit = jax.jit(self._place(self._prefill_impl),
+                                static_argnames=("has_prefix", "kv_len"))
     self._generate_jit = jax.jit(
-        self._split_slots(self._generate_impl, (rep, state_spec, rep), (state_spec, split)),
+        self._place(self._split_slots(self._generate_impl, (rep, state_spec, rep),
+                                      (state_spec, split)), state_out=0),
         donate_argnums=(1,), static_argnames=("kv_len",))
     self._insert_jit = jax.jit(
-        self._split_slots(self._insert_impl, (rep, state_spec, rep), state_spec),
+        self._place(self._split_slots(self._insert_impl, (rep, state_spec, rep), state_spec),
+                    params=False, state_out=-1),
         donate_argnums=(1,))
     self._slot_prefix_jit = jax.jit(self._split_slots(self._slot_prefix_impl, (state_spec, rep),
                                                       rep))
     self._prefill_insert_jit = jax.jit(
-        self._split_slots(self._prefill_insert_impl,
-                          (rep, state_spec, split, split, split, split, split, rep, rep),
-                          (state_spec, split, split)),
+        self._place(self._split_slots(
+            self._prefill_insert_impl,
+            (rep, state_spec, split, split, split, split, split, rep, rep),
+            (state_spec, split, split)), state_out=0),
         donate_argnums=(1,), static_argnames=("kv_len",))
     self._generate_steps_jit = jax.jit(
-        self._split_slots(self._generate_steps_impl, (rep, state_spec, rep),
-                          (state_spec, split, split)),
+        self._place(self._split_slots(self._generate_steps_impl, (rep, state_spec, rep),
+                                      (state_spec, split, split)), state_out=0),
         donate_argnums=(1,), static_argnames=("kv_len", "num_steps"))
     self._compiled_for = set()  # decode-state shapes whose live-length buckets are compiled
 
@@ -362,10 +410,45 @@ class SAOEngine(engine_api.Engine):
     token, logprob = sample_tokens(last, jax.random.fold_in(*rng), temperature)
     return Prefix(cache=cache, length=start + true_length, token=token, logprob=logprob)
 
+  def param_shardings(self, params: Any) -> Any:
+    """``NamedSharding`` pytree of the engine's weight layout for ``params`` (a pure-dict params
+    pytree of arrays or ``jax.ShapeDtypeStruct``s): each parameter's logical axes
+    (``models.partition``) mapped to this engine's mesh by ``sharding.ROLLOUT_RULES`` (heads,
+    KV heads, MLP hidden and vocabulary on ``tensor``, experts on ``expert``, replicated over
+    ``data``). ``jax.device_put(params, engine.param_shardings(params))`` publishes weights
+    straight into that layout (``load_params`` does it)."""
+    return sharding.param_shardings(params, self._mesh, sharding.ROLLOUT_RULES)
+
+  def _place(self, impl, *, params: bool = True, state_out: Optional[int] = None):
+    """``impl`` with its params (the first argument, when ``params``) constrained to
+    ``param_shardings`` and its decode-state output (output ``state_out``; -1: the output is
+    the state) to the decode state's shardings, so XLA's SPMD partitioner runs the model tensor
+    / expert parallel and the cache stays split over KV heads. Replicated params are sliced in
+    place (no communication); params already in the layout pass unchanged. ``impl`` itself
+    when the mesh has no tensor / expert axis of size > 1."""
+    if not self._model_parallel:
+      return impl
+    constrain = jax.lax.with_sharding_constraint
+
+    @functools.wraps(impl)  # keeps the signature, for jit's static_argnames
+    def run(*args, **static):
+      if params:
+        args = (constrain(args[0], self.param_shardings(args[0])), *args[1:])
+      out = impl(*args, **static)
+      if state_out == -1:
+        return constrain(out, self._state_sharding)
+      if state_out is not None:
+        out = list(out)
+        out[state_out] = constrain(out[state_out], self._state_sharding)
+        out = tuple(out)
+      return out
+    return run
+
   def _split_slots(self, impl, in_specs, out_specs):
     """``impl`` run per device on its share of the slots when the mesh's data axis splits them
-    (``jax.shard_map``: per-slot arrays ``P("data")``, params / keys / scalars replicated, no
-    collective inside); ``impl`` itself on one device."""
+    (``jax.shard_map`` manual over ``data`` only: per-slot arrays ``P("data")``, params / keys
+    / scalars replicated, no collective across ``data``; the tensor and expert axes stay
+    automatic, see ``_place``); ``impl`` itself on one device."""
     if self._dp == 1:
       return impl
 
@@ -379,7 +462,8 @@ class SAOEngine(engine_api.Engine):
                 lambda x: jax.sharding.reshard(x, NamedSharding(self._mesh, spec)), sub),
             tuple(in_specs), args, is_leaf=lambda x: isinstance(x, PartitionSpec))
       return jax.shard_map(functools.partial(impl, **static), mesh=self._mesh, in_specs=in_specs,
-                           out_specs=out_specs, check_vma=False)(*args)
+                           out_specs=out_specs, axis_names=frozenset({"data"}),
+                           check_vma=False)(*args)
     return run
 
   def _uniforms(self, key, n: int, rows=None):
@@ -678,9 +762,13 @@ class SAOEngine(engine_api.Engine):
     return state
 
   def load_params(self, params=None, *args, **kwargs):  # pylint: disable=arguments-differ
-    """Params come from the trainer (weight sync); this returns them unchanged."""
+    """Params come from the trainer (weight sync); this returns them in the engine's layout:
+    ``jax.device_put`` to ``param_shardings`` on a mesh with a tensor or expert axis (a no-op
+    for params already there), unchanged otherwise."""
     if params is None:
       raise ValueError("SAOEngine.load_params needs the policy params (pure dict).")
+    if self._model_parallel:
+      return jax.device_put(params, self.param_shardings(params))
     return params
 
   def get_prefix_destination_sharding(self) -> Any:
@@ -707,6 +795,12 @@ class SAOEngine(engine_api.Engine):
   @property
   def mesh(self) -> jax.sharding.Mesh:
     return self._mesh
+
+  @property
+  def state_shardings(self) -> DecodeState:
+    """The decode state's shardings (a ``DecodeState`` of ``NamedSharding``): per-slot arrays
+    on ``data``, the KV cache also on ``tensor`` (KV heads), the key replicated."""
+    return self._state_sharding
 
   @property
   def colocated_cpus(self):

@@ -19,7 +19,7 @@ exactly as the new policy would. In both modes the tokens already generated keep
 and versions they were sampled with (the behaviour policy DIS corrects for).
 
 A trajectory ends on a stop token (eos or a tool call the env answers), a stop string
-(``stop_strings``, matched on the decoded turn), the env's ``done`` (its max turns), the worker's
+(``stop_strings``, matched on the decoded turn, read incrementally: ``TurnText``), the env's ``done`` (its max turns), the worker's
 ``max_turns`` or a length limit (per-turn ``max_new_tokens`` or ``max_seq_len``; recorded as
 ``truncated``); ``info["finish_reason"]`` says which. With ``admission`` (``AdmissionControl``)
 a new rollout starts only when AReaL's staleness rule allows it.
@@ -67,6 +67,57 @@ class _Slot:
   t_start: float = 0.0
   tool_calls: int = 0
   position: int = -1  # prompt ledger position (Handout), -1 for a plain problem
+  text: Optional["TurnText"] = None  # the turn's incremental detokenisation (stop strings only)
+
+
+class TurnText:
+  """Incremental detokenisation of one turn, for stop strings: work linear in the turn length.
+
+  The rule it implements is the full-decode one: after each token, the turn ends when
+  ``tokenizer.decode(turn_tokens).endswith(x)`` for a stop string ``x``. Decoding the whole turn
+  on every token is quadratic (a 2048-token turn re-decodes ~2M tokens); this keeps two offsets
+  into the turn, as vLLM's ``detokenize_incrementally`` and HF's ``TextStreamer`` do: text is
+  read in a small window ``tokens[prefix:]``, of which the part up to ``read`` was already read
+  (``prefix_chars`` characters). A token's text can depend on its neighbours (byte-level BPE
+  splits a character's UTF-8 bytes over tokens; SentencePiece drops the first token's leading
+  space), so the window starts one read step back and new text is read only when the window
+  decodes to text that does not end in an unfinished character (U+FFFD); until then the full
+  decode ends in U+FFFD too, so no stop string (none contains U+FFFD) can end it. Only the last
+  ``max(len(x)) - 1`` characters read are kept to match against.
+
+  Cost per token: one decode of the window plus, when text is read, one of the newly read
+  tokens; a window is at most ``MAX_WINDOW`` + 1 tokens (a run of tokens that keeps ending in
+  U+FFFD -- invalid bytes, not an unfinished character -- is read as decoded once it reaches
+  ``MAX_WINDOW``), so at most ``2 * MAX_WINDOW + 2`` tokens are decoded per token and about 3
+  on ordinary text. Exact for decoders whose text up to a finished character does not change
+  when tokens are appended (byte-level BPE: SmolLM2, Qwen, Llama 3; ``CharTokenizer``).
+
+  Args:
+    tokenizer: with ``decode(ids) -> str``.
+    stop_strings: non-empty strings.
+    start: index in the slot's token list where the turn starts.
+  """
+
+  MAX_WINDOW = 32
+
+  def __init__(self, tokenizer, stop_strings, start: int):
+    self.tokenizer, self.stop_strings = tokenizer, tuple(stop_strings)
+    self.keep = max(len(x) for x in self.stop_strings)
+    self.prefix = self.read = start
+    self.prefix_chars = 0
+    self.tail = ""
+
+  def ends(self, tokens: list) -> bool:
+    """``tokens``: the slot's whole token list, its last entry the newest sampled token. Returns
+    True when the decoded turn now ends with a stop string."""
+    text = self.tokenizer.decode(tokens[self.prefix:])
+    if len(text) <= self.prefix_chars or (text.endswith("\ufffd")
+                                          and len(tokens) - self.prefix < self.MAX_WINDOW):
+      return False  # nothing new, or an unfinished character: the full decode ends in U+FFFD
+    self.tail = (self.tail + text[self.prefix_chars:])[-self.keep:]
+    self.prefix, self.read = self.read, len(tokens)
+    self.prefix_chars = len(self.tokenizer.decode(tokens[self.prefix:self.read]))
+    return any(self.tail.endswith(x) for x in self.stop_strings)
 
 
 @dataclasses.dataclass
@@ -135,7 +186,8 @@ class RolloutWorker:
       discards the rest of the call's tokens for it (``stats.tokens_discarded``); weights are
       picked up between calls. 1 = one token per call.
 
-  Raises ValueError for an unknown ``kv_on_update``, ``env_workers < 0`` or ``decode_steps < 1``.
+  Raises ValueError for an unknown ``kv_on_update``, ``env_workers < 0``, ``decode_steps < 1`` or
+  an empty stop string.
   """
 
   def __init__(self, engine: SAOEngine, env, problems: Iterator, sink: Callable[[Trajectory], bool],
@@ -160,6 +212,8 @@ class RolloutWorker:
                        f"(SAOEngine); {type(engine).__name__} has only the JetStream API: use 1.")
     self.kv_on_update = kv_on_update
     self.stop_strings = tuple(stop_strings)
+    if any(not isinstance(x, str) or not x for x in self.stop_strings):
+      raise ValueError(f"stop_strings={self.stop_strings!r}: each must be a non-empty string.")
     self.max_turns = max_turns
     self.admission = admission
     self.engine, self.env, self.problems, self.sink = engine, env, problems, sink
@@ -288,8 +342,9 @@ class RolloutWorker:
     ended = token in self.stop_ids
     by_string = False
     if not ended and self.stop_strings:
-      text = self.engine.tokenizer.decode(s.tokens[s.turn_start:])
-      by_string = ended = any(text.endswith(x) for x in self.stop_strings)
+      if s.text is None or s.text.read < s.turn_start:  # a new turn
+        s.text = TurnText(self.engine.tokenizer, self.stop_strings, s.turn_start)
+      by_string = ended = s.text.ends(s.tokens)
     if not (ended or turn_len >= self.max_new_tokens or len(s.tokens) >= self.max_seq_len):
       return True
     if self._env_pool is not None:  # off the decode loop: the other slots keep decoding

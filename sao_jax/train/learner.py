@@ -34,6 +34,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from sao_jax import algo, roles
+from sao_jax.rollout import placement
 from sao_jax.rollout.trajectory import Trajectory
 from sao_jax.train import modes, optim, sharding, steps
 from sao_jax.train.baselines import RunningMeanBaseline
@@ -369,14 +370,21 @@ class Learner:
     return out
 
   # ---- weights and checkpoints ---------------------------------------------------------------
-  def policy_params(self):
-    """A full copy of the policy params in ``cfg.serving_dtype`` (``model.param_dtype``) on this
-    process's first device (for the rollout engine and evaluation), gathered from every
-    device's and process's shards. The float32 master is cast on the mesh, before the gather."""
+  def policy_params(self, shardings=None):
+    """The policy params in ``cfg.serving_dtype`` (``model.param_dtype``) laid out as
+    ``shardings`` (the rollout engine's: ``placement.serving_shardings``; default this process's
+    first device), for the engine and evaluation: a publish. The float32 master is cast on the
+    learner's mesh, then each target device receives the pieces of the cast shards that make
+    up its block, device to device (``placement.reshard``: no host copy, no whole array on a
+    device that does not hold one in the target layout). A copy: the learner's steps donate
+    its own arrays. Over several processes with no ``shardings`` every process gathers the
+    whole tree (``process_allgather``, the Ray actors' weight sync)."""
     params = _cast_floating(self.policy.params, jnp.dtype(self.cfg.serving_dtype))
-    if jax.process_count() > 1:
+    if shardings is None and jax.process_count() > 1:
       params = multihost_utils.process_allgather(params, tiled=True)
-    return jax.device_put(params, jax.local_devices()[0], may_alias=False)  # a copy: steps donate
+      return jax.device_put(params, jax.local_devices()[0], may_alias=False)
+    return placement.reshard(params, shardings if shardings is not None
+                             else placement.serving_shardings(params, None))
 
   def states(self) -> dict:
     """{"policy": TrainState, "critic": TrainState or None} (what a checkpoint holds)."""

@@ -21,6 +21,7 @@ import numpy as np
 
 from sao_jax import build, faults, roles, tasks
 from sao_jax.train.validation import config_warnings, validate_config
+from sao_jax.rollout import placement
 from sao_jax.rollout.ledger import PromptLedger
 from sao_jax.train import distributed, report
 from sao_jax.train import resume as resume_lib
@@ -59,7 +60,12 @@ def run(config) -> dict[str, Any]:
   run_dir, tcfg = config.run_dir, config.train
   resume_step, ckpt_dir = resume_lib.prepare_run_dir(config)
   task = tasks.make_task(config)
-  mesh = build.make_mesh(config.mesh)  # the learner's; a checkpoint loads straight into it
+  # the learner's mesh (a checkpoint loads straight into it) and the rollout engine's
+  mesh, rollout_mesh = build.make_meshes(config)
+  if rollout_mesh is not None:
+    print(f"placement: learner on devices {[d.id for d in mesh.devices.flat]} "
+          f"{dict(mesh.shape)}, rollout on {[d.id for d in rollout_mesh.devices.flat]} "
+          f"{dict(rollout_mesh.shape)}", flush=True)
   policy = build.build_policy(config, task, warm_start=resume_step is None, mesh=mesh)
   print(f"task {config.task.name}: {len(task.train_problems)} train / {len(task.eval_problems)} "
         f"eval problems; model {policy.mcfg}", flush=True)
@@ -69,7 +75,12 @@ def run(config) -> dict[str, Any]:
   learner = build.make_learner(config, policy, task.tokenizer.pad_id, mesh=mesh)
   policy.params = None  # the learner holds its own (float32 master) copy
   eval_engine = build.make_engine(config, policy.mcfg, policy.graphdef, task.tokenizer,
-                                  slots=config.eval.slots, temperature=0.0)
+                                  slots=config.eval.slots, temperature=0.0, mesh=rollout_mesh)
+  # a publish: the learner's params cast and moved device to device into the engines' layout
+  # (several processes: each gathers the whole tree, as the Ray actors' weight sync needs)
+  serving = (placement.serving_shardings(learner.policy.params, rollout_mesh)
+             if jax.process_count() == 1 else None)
+  publish = lambda: learner.policy_params(serving)
   evaluate = lambda params, problems, version: build.evaluate(eval_engine, task, params,
                                                               problems, config, version)
   ckpt = (Checkpointer(ckpt_dir, max_to_keep=config.checkpoint.max_to_keep)
@@ -93,7 +104,7 @@ def run(config) -> dict[str, Any]:
       return {}
   else:
     t0 = time.time()
-    before = evaluate(learner.policy_params(), task.eval_problems, 0)
+    before = evaluate(publish(), task.eval_problems, 0)
     print(f"eval before SAO: accuracy {before['accuracy']:.3f} tool_use {before['tool_use']:.3f} "
           f"on {before['n']} problems ({time.time() - t0:.1f}s)", flush=True)
     before = {k: before[k] for k in ("accuracy", "tool_use", "n")}
@@ -103,8 +114,9 @@ def run(config) -> dict[str, Any]:
         "step": step, "policy_version": version, "seed": config.seed, "ledger": source.state(),
         "nonfinite_total": guard.total, "before": before})
 
-  source = build.make_source(config, task, policy, learner.policy_params(), version, ledger,
-                             learner.spec, start_step=start_step, run_dir=run_dir)
+  source = build.make_source(config, task, policy, publish(), version, ledger,
+                             learner.spec, start_step=start_step, run_dir=run_dir,
+                             mesh=rollout_mesh)
   local_batch = tcfg.batch_size // jax.process_count()
   progress = Progress(tcfg.num_steps, desc=f"{tcfg.mode} steps", mode=config.log.progress)
   logger = make_metric_writer(
@@ -126,14 +138,14 @@ def run(config) -> dict[str, Any]:
       faults.maybe_kill("train", step)
       metrics["nonfinite_skipped"] = float(guard.check(step, metrics))  # raises after N in a row
       version += 1
-      source.publish(learner.policy_params(), version)
+      source.publish(publish(), version)
       metrics.update(_trajectory_metrics(trajs), **task.batch_metrics(trajs), **source.metrics(),
                      policy_version=version,
                      train_s=time.perf_counter() - t0, elapsed_s=time.time() - t_job,
                      nonfinite_total=float(guard.total), step_t_begin=step_t_begin,
                      step_t_publish=time.time())
       if config.eval.every_steps and step % config.eval.every_steps == 0 and step < tcfg.num_steps:
-        ev = evaluate(learner.policy_params(), task.eval_problems[:config.eval.periodic_problems],
+        ev = evaluate(publish(), task.eval_problems[:config.eval.periodic_problems],
                       version)
         metrics.update(eval_accuracy=ev["accuracy"], eval_tool_use=ev["tool_use"])
       logger.log(step, metrics)
@@ -154,7 +166,7 @@ def run(config) -> dict[str, Any]:
     ckpt.close()
 
   t0 = time.time()
-  after = evaluate(learner.policy_params(), task.eval_problems, version)
+  after = evaluate(publish(), task.eval_problems, version)
   print(f"eval after SAO: accuracy {after['accuracy']:.3f} tool_use {after['tool_use']:.3f} "
         f"({time.time() - t0:.1f}s); results in {run_dir}", flush=True)
   logger.log(tcfg.num_steps, {"eval_accuracy": after["accuracy"],

@@ -50,6 +50,23 @@ LOGICAL_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("length", ()),
 )
 
+# the rollout engine's table (``SAOEngine(mesh=)``): decode slots along "data", weights along
+# "tensor" (attention heads and KV heads, MLP hidden, vocabulary) and "expert" (MoE experts),
+# the model width replicated (no FSDP gathers per decode step). Its KV cache uses the same
+# names: [slots, kv_heads, head_dim | length, length | head_dim].
+ROLLOUT_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("batch", ("data",)),
+    ("vocab", ("tensor",)),
+    ("embed", ()),
+    ("heads", ("tensor",)),
+    ("kv_heads", ("tensor",)),
+    ("mlp", ("tensor",)),
+    ("expert", ("expert",)),
+    ("norm", ()),
+    ("head_dim", ()),
+    ("length", ()),
+)
+
 @dataclasses.dataclass(frozen=True)
 class StepShardings:
   """Shardings handed to the train-step factories in ``sao_jax.train.steps``.

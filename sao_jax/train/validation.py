@@ -176,6 +176,10 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
       ("rollout.num_workers", lambda v: v == 1 or flat.get("rollout.backend", "thread") == "ray",
        "more than one rollout worker needs rollout.backend='ray' (the thread backend runs one)",
        "set rollout.num_workers=1 or rollout.backend='ray'", ("rollout.backend",)),
+      ("rollout.devices", lambda v: v == 0 or flat.get("rollout.backend", "thread") == "thread",
+       "places the in-process engine (backend 'thread'); a Ray actor gets its devices from "
+       "rollout.ray_num_gpus / rollout.ray_resources", "set rollout.devices=0 with "
+       "rollout.backend='ray', or rollout.backend='thread'", ("rollout.backend",)),
       ("rollout.ray_address", lambda v: not v or flat.get("rollout.backend", "thread") == "ray",
        "is read only by rollout.backend='ray'", "set rollout.backend='ray' or leave it ''",
        ("rollout.backend",)),
@@ -206,15 +210,42 @@ def _mesh_problems(config, flat, num_devices: int) -> list[str]:
             f"fix: e.g. 'fsdp=-1' or 'data=2,fsdp=4'"]
   fixed = math.prod(v for v in shape.values() if v > 0)
   if fixed > num_devices or (auto and num_devices % fixed) or (not auto and fixed > num_devices):
-    return [f"config.mesh.shape = {text!r}: needs {fixed} devices (times the -1 axis) but this "
-            f"machine has {num_devices}; fix: shrink the mesh axes so their product divides "
-            f"{num_devices}"]
+    return [f"config.mesh.shape = {text!r}: needs {fixed} devices (times the -1 axis) but the "
+            f"learner has {num_devices} (this machine's, less rollout.devices); fix: shrink the "
+            f"mesh axes so their product divides {num_devices}"]
   sizes = {a: (num_devices // fixed if v == -1 else v) for a, v in shape.items()}
   data = sizes.get("data", 1) * sizes.get("fsdp", 1)
   if "train.batch_size" in flat and flat["train.batch_size"] % data:
     return [f"config.train.batch_size = {flat['train.batch_size']}: must be divisible by the "
             f"mesh's data x fsdp size ({data}); fix: use a multiple of {data}"]
   return []
+
+
+def _placement_problems(flat: dict, num_devices: int) -> tuple[list[str], int]:
+  """(problems, the learner's device count): ``rollout.devices`` leaves the learner at least one
+  of ``num_devices``; ``rollout.mesh`` lays out the rollout's devices (one, device 0, when
+  ``rollout.devices`` is 0) and its ``data`` axis divides ``rollout.slots`` and ``eval.slots``."""
+  from sao_jax.rollout import placement  # pylint: disable=import-outside-toplevel
+  n = flat.get("rollout.devices", 0)
+  if not isinstance(n, int) or n < 0:
+    return [], num_devices
+  if n >= num_devices:
+    return [f"config.rollout.devices = {n}: this machine has {num_devices} device(s) and the "
+            f"learner needs at least one; fix: use at most {num_devices - 1}, or 0 to share "
+            "device 0 with the learner"], num_devices
+  text = flat.get("rollout.mesh", "")
+  try:
+    shape = placement.rollout_shape(text, max(n, 1))
+  except ValueError as e:
+    return [f"config.rollout.mesh = {text!r}: {str(e).split(': ', 1)[-1]}"], num_devices - n
+  problems = []
+  for field in ("rollout.slots", "eval.slots"):
+    v = flat.get(field)
+    if isinstance(v, int) and v % shape["data"]:
+      problems.append(f"config.{field} = {v}: must be a multiple of rollout.mesh's data axis "
+                      f"({shape['data']} devices each hold as many slots); fix: use a multiple "
+                      f"of {shape['data']}, or a smaller data axis in rollout.mesh")
+  return problems, num_devices - n
 
 
 def run_dir_problems(run_dir: str) -> list[str]:
@@ -294,8 +325,9 @@ def validate_config(config, num_devices: Optional[int] = None) -> None:
   in a multi-process job (``distributed.coordinator_address`` or ``JAX_COORDINATOR_ADDRESS``
   set) it stays None, so no JAX backend starts before ``jax.distributed.initialize``, and the
   device-count rules (batch and mesh over the devices) are left to the trainer.
-  ``mesh.shape`` (e.g. "data=2,fsdp=-1") must fit the devices and ``train.batch_size`` must
-  split over its data x fsdp axes."""
+  ``mesh.shape`` (e.g. "data=2,fsdp=-1") must fit the learner's devices (those
+  ``rollout.devices`` leaves), ``train.batch_size`` must split over its data x fsdp axes, and
+  ``rollout.mesh`` must lay out the rollout's devices."""
   if num_devices is None and not _coordinated(config):
     import jax  # pylint: disable=import-outside-toplevel  # only here: the count starts a backend
     num_devices = jax.device_count()
@@ -303,6 +335,14 @@ def validate_config(config, num_devices: Optional[int] = None) -> None:
   problems, bad = roles.field_problems(given)
   flat = {name: spec.default for name, spec in roles.fields().items()}
   flat.update(given)  # the rules see every field (a missing one has its default)
+  if flat["rollout.devices"] and _coordinated(config) and "rollout.devices" not in bad:
+    problems.append(f"config.rollout.devices = {flat['rollout.devices']}: splits one process's "
+                    "devices; a multi-process job's rollout runs on Ray actors; fix: set "
+                    "rollout.devices=0")
+  if num_devices is not None and not bad & {"rollout.devices", "rollout.mesh", "rollout.slots",
+                                            "eval.slots"}:
+    placed, num_devices = _placement_problems(flat, num_devices)  # the learner's devices
+    problems.extend(placed)
   for rule in _rules(flat, num_devices):
     field, ok, what, fix = rule[:4]
     reads = rule[4] if len(rule) > 4 else ()

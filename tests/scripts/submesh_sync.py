@@ -1,4 +1,5 @@
-"""Run by tests/test_placement.py with 8 forced CPU devices: engine on 4, trainer on 4."""
+"""Run by tests/test_placement.py with 8 forced CPU devices: engine on 4, trainer on 4; weights
+published device to device into the engine's layout (``Learner.policy_params(shardings)``)."""
 import dataclasses
 import json
 import os
@@ -12,10 +13,11 @@ from flax import nnx
 from sao_jax.build import critic_from_policy
 from sao_jax.models.transformer import ModelConfig, Transformer
 from sao_jax.rollout.engine import SAOEngine
-from sao_jax.rollout.placement import ReshardingWeightStore, replicated, split_devices
-from sao_jax.rollout.sync import TrajectoryQueue
+from sao_jax.rollout import placement
+from sao_jax.rollout.sync import TrajectoryQueue, WeightStore
 from sao_jax.roles import from_config
 from sao_jax.rollout.worker import RolloutWorker
+from sao_jax.train import sharding
 from sao_jax.train.learner import Learner, LearnerConfig
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,17 +56,19 @@ class Env:
 
 def main():
   assert len(jax.devices()) == 8
-  engine_mesh, train_mesh = split_devices(jax.devices(), 4)
+  engine_devices, train_devices = placement.split_devices(jax.devices(), 4)
+  engine_mesh = placement.rollout_mesh("data=-1", engine_devices)
+  train_mesh = sharding.make_mesh({"data": -1}, devices=train_devices)
   graphdef, params = nnx.split(Transformer(CFG, rngs=nnx.Rngs(0)))
-  params = jax.device_put(nnx.to_pure_dict(params), replicated(train_mesh))
+  params = nnx.to_pure_dict(params)
   cg, cp = critic_from_policy(CFG, params, 1)
-  cp = jax.device_put(cp, replicated(train_mesh))
   config = sharding_helpers.arith_config()
   config.model.max_seq_len = 48
   config.train.policy_lr = config.train.critic_lr = 1e-3
   trainer = Learner(LearnerConfig.from_run(from_config(config)), graphdef, params, cg, cp, pad_id=0,
                     mesh=train_mesh)
-  store = ReshardingWeightStore(trainer.policy_params(), 0, replicated(engine_mesh))
+  serving = placement.serving_shardings(trainer.policy.params, engine_mesh)
+  store = WeightStore(trainer.policy_params(serving), 0)
   engine = SAOEngine(CFG, graphdef, Tok(), max_concurrent_decodes=8, max_prefill_length=16,
                      mesh=engine_mesh)
   gen_intervals = []
@@ -92,7 +96,7 @@ def main():
     trainer.train_step(trajs, policy_version=step - 1)
     jax.block_until_ready(trainer.policy.params)
     train_intervals.append((t0, time.time()))
-    store.publish(trainer.policy_params(), step)
+    store.publish(trainer.policy_params(serving), step)
   stop.set()
   thread.join(30)
   overlap = sum(max(0.0, min(a1, b1) - max(a0, b0))
