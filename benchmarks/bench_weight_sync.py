@@ -15,7 +15,9 @@ round time (bytes delivered to the two actors per second). Every pull is checked
 the first and last leaf against the trainer's). The first round of each transport also opens
 its connections; both are reported. Memory: trainer tree + 2 pulled copies (+ one host copy and
 one object-store copy for the object store) are alive at once: ~5 x the tree at the peak; every
-copy is freed after its round. Set ``--gb`` lower on a small machine.
+copy is freed after its round. The object store is sized for 2.5 trees: a version still pinned
+by an actor's arrays while the next is put would otherwise spill to disk (slow pulls).
+Set ``--gb`` lower on a small machine.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def main():
   leaves = jax.tree.leaves(tree)
   want = (float(jnp.sum(leaves[0][:1024])), float(jnp.sum(leaves[-1][-1024:])))
   ray_local.init_ray(num_cpus=2, log_to_driver=False,  # listening on 127.0.0.1 only
-                     object_store_memory=int(nbytes * 1.5),
+                     object_store_memory=int(nbytes * 2.5),
                      runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
   try:
     actors = [ray.remote(Receiver).options(num_cpus=0.5).remote() for _ in range(2)]

@@ -98,15 +98,13 @@ class RolloutActor:
 
   def _param_shardings(self) -> list:
     """The engine's parameter shardings, one per leaf of ``self.expected`` (treedef order):
-    ``engine.param_shardings`` when the engine has them (a tensor-parallel layout), else
-    replicated on the engine's mesh."""
+    ``engine.param_shardings(params)`` (the engine's tensor/expert layout) when it has them,
+    else replicated on the engine's mesh."""
     import jax  # pylint: disable=import-outside-toplevel
+    if hasattr(self.engine, "param_shardings"):
+      return jax.tree.leaves(self.engine.param_shardings(self.expected),
+                             is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
     n = len(jax.tree.leaves(self.expected))
-    given = getattr(self.engine, "param_shardings", None)
-    if callable(given):
-      given = given()
-    if given is not None:
-      return jax.tree.leaves(given, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
     return [jax.sharding.NamedSharding(self.engine.mesh, jax.sharding.PartitionSpec())] * n
 
   def _pull_loop(self) -> None:

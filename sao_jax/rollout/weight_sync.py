@@ -51,6 +51,8 @@ import jax
 import numpy as np
 
 TRANSPORTS = ("transfer", "object_store")
+# pull ids: unique in this process across publishers, so no two armed pulls share one
+_UUIDS = itertools.count((os.getpid() & 0xFFFF) << 40)
 
 
 class WeightMismatchError(ValueError):
@@ -203,6 +205,10 @@ class WeightPublisher:
   it: its armed pulls ("transfer") or the Ray objects its ref holds ("object_store") keep that
   version's buckets alive until it is done; then it is handed the newest.
 
+  Memory ("transfer"): a receiver that holds whole leaves pulls the trainer's own arrays (no
+  copy); one whose layout slices a leaf pulls slices cut once per version on the trainer's
+  device (shared by every receiver of that layout), freed when the last armed pull is consumed.
+
   Args:
     transport: "transfer" or "object_store".
     ip: address the transfer server binds to (default: this node's IP).
@@ -217,11 +223,11 @@ class WeightPublisher:
     self.transport = transport
     self.bucket_bytes = int(bucket_bytes)
     self._lock = threading.Lock()
-    self._uuids = itertools.count((os.getpid() & 0xFFFF) << 40)
     self._server = start_transfer_server(ip) if transport == "transfer" else None
     self._drain_server = None
     self._params = self._leaves = self._treedef = self._avals = None
     self._object_refs = self._buckets = None
+    self._pieces: dict = {}
     self.version = -1
     self.nbytes = 0
 
@@ -243,6 +249,7 @@ class WeightPublisher:
       self.nbytes = int(sum(np.dtype(d).itemsize * int(np.prod(s)) for s, d in self._avals))
       self.version = int(version)
       self._object_refs = None
+      self._pieces = {}
       self._buckets = plan_buckets(self._avals, None, self.bucket_bytes)
       if self.transport == "object_store":
         import ray  # pylint: disable=import-outside-toplevel  (ray is optional: only the ray backend)
@@ -264,12 +271,20 @@ class WeightPublisher:
         buckets = plan_buckets(self._avals, receiver_layout, self.bucket_bytes)
         uuids = []
         for bucket in buckets:
-          uuids.append(next(self._uuids))
-          self._server.await_pull(uuids[-1], [_piece(self._leaves[i], box) for i, box in bucket])
+          uuids.append(next(_UUIDS))
+          self._server.await_pull(uuids[-1], [self._piece(i, box) for i, box in bucket])
         return WeightRef(self.version, "transfer", self._treedef, self._avals, self.nbytes,
                          buckets=buckets, address=self.address, uuids=tuple(uuids))
       return WeightRef(self.version, "object_store", self._treedef, self._avals, self.nbytes,
                        buckets=self._buckets, object_ref=[self._object_refs])
+
+  def _piece(self, i: int, box) -> Any:
+    """The newest version's piece ``(i, box)``, sliced once per version (receivers with the same
+    layout share it; a whole leaf is the trainer's own array, no copy)."""
+    key = (i, box)
+    if key not in self._pieces:
+      self._pieces[key] = _piece(self._leaves[i], box)
+    return self._pieces[key]
 
   def drain(self, ref: WeightRef, first_bucket: int = 0) -> None:
     """Consumes the armed pulls of buckets ``first_bucket..`` whose receiver died before making
@@ -288,6 +303,7 @@ class WeightPublisher:
 
   def close(self) -> None:
     self._params = self._leaves = self._object_refs = None
+    self._pieces = {}
 
 
 def _gate() -> None:
@@ -369,7 +385,10 @@ class WeightPuller:
         _gate()
       firsts = [min((d for d, bx in need[i].items() if bx == box), key=lambda d: d.id)
                 if ref.transport == "transfer" else None for i, box in bucket]
-      for (i, box), x, dev in zip(bucket, self.fetch_bucket(ref, b, firsts), firsts):
+      # wait for the bucket's bytes: a pull returns futures, and a version must have landed
+      # before the worker gets it (else its next engine call would wait for the network)
+      got = jax.block_until_ready(self.fetch_bucket(ref, b, firsts))
+      for (i, box), x, dev in zip(bucket, got, firsts):
         for d, want in need[i].items():
           if ref.transport == "transfer":  # a piece is exactly one box this receiver holds
             if want == box:
@@ -385,6 +404,7 @@ class WeightPuller:
                            shape, sh, [shards[i][d] for d in need[i]]))
           shards[i] = {}
       self.buckets_done = b + 1
+    jax.block_until_ready(leaves)
     missing = [i for i, x in enumerate(leaves) if x is None]
     if missing:
       raise ValueError(f"weight ref version {ref.version}: leaves {missing[:5]} not covered by "
