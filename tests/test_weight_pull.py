@@ -74,7 +74,7 @@ def test_bucketed_transfer_pull_equals_the_whole_tree_pull_bit_for_bit():
   _check_equal("transfer")
 
 
-def test_bucketed_object_store_pull_equals_the_whole_tree_pull_bit_for_bit(ray_cluster):
+def test_bucketed_object_store_pull_equals_the_whole_tree_pull_bit_for_bit(ray_cluster):  # noqa: F811
   _check_equal("object_store")
 
 
@@ -102,7 +102,7 @@ def test_a_tensor_sharded_receiver_pulls_each_of_its_slices_once():
   assert r["dtypes"] == {"b": "bfloat16", "e": "float32", "w": "float32"}
 
 
-def test_an_actor_delivers_trajectories_while_it_pulls_and_publish_never_waits(ray_cluster):
+def test_an_actor_delivers_trajectories_while_it_pulls_and_publish_never_waits(ray_cluster):  # noqa: F811
   """One Ray actor, weights in buckets of ~4 KB: a pull of version 1 is held after its first
   bucket (the gate). Meanwhile (c) ``publish`` of version 2 returns with the actor still on
   version 0, mid-pull; (a) trajectories keep arriving, all sampled by version 0. Once the gate

@@ -47,7 +47,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import threading
 import time
 from typing import Any, Optional
 
