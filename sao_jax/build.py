@@ -132,21 +132,24 @@ def make_mesh(mesh: roles.Mesh, devices=None) -> Optional[jax.sharding.Mesh]:
   return None if devices is None else sharding.make_mesh({"data": 1}, devices=list(devices)[:1])
 
 
-def make_meshes(run: roles.Run) -> tuple[Optional[jax.sharding.Mesh], Optional[jax.sharding.Mesh]]:
-  """(the learner's mesh, the rollout engine's mesh) of ``run.mesh`` and ``run.rollout``.
+def make_meshes(run: roles.Run, devices=None
+                ) -> tuple[Optional[jax.sharding.Mesh], Optional[jax.sharding.Mesh]]:
+  """(the learner's mesh, the rollout engine's mesh) of ``run.mesh`` and ``run.rollout`` over
+  ``devices`` (default this process's local devices; ``plan.py`` passes a TPU slice's).
 
-  ``rollout.devices`` N > 0 splits the local devices (``placement.split_devices``): the engine
+  ``rollout.devices`` N > 0 splits the devices (``placement.split_devices``): the engine
   gets the first N laid out as ``rollout.mesh`` (axes data / tensor / expert), the learner the
   rest laid out as ``mesh.shape``. N = 0: the learner's mesh over every device and no rollout
   mesh (the engine on device 0). Raises ValueError naming the field (``validate_config`` reports
   the same before anything is built)."""
   n = run.rollout.devices
   if not n:
-    return make_mesh(run.mesh), None
-  if jax.process_count() > 1:
+    return make_mesh(run.mesh, devices), None
+  if devices is None and jax.process_count() > 1:
     raise ValueError(f"rollout.devices={n} splits one process's devices; a multi-process job's "
                      "rollout runs on Ray actors; fix: set rollout.devices=0")
-  rollout_devices, train_devices = placement.split_devices(jax.local_devices(), n)
+  rollout_devices, train_devices = placement.split_devices(
+      jax.local_devices() if devices is None else devices, n)
   return (make_mesh(run.mesh, train_devices),
           placement.rollout_mesh(run.rollout.mesh, rollout_devices))
 

@@ -5,7 +5,7 @@
 compiles, ahead of time and for the named slice, the programs a run executes -- the learner's
 jitted steps (targets, critic update, policy update: ``Learner.jitted_steps``, the very
 functions training runs) on the config's mesh and batch shapes, and the rollout engine's prefill
-and one decode step (``SAOEngine``) on one chip -- with abstract parameters
+and one decode step (``SAOEngine``) -- with abstract parameters
 (``jax.ShapeDtypeStruct``: no weights, no accelerator). XLA's TPU compiler (``libtpu``) gives
 each program's per-chip memory (``memory_analysis``). Printed: one row per program with its
 per-chip GB against the chip's HBM and whether it fits, the FLOPs of one policy step and the step
@@ -19,14 +19,18 @@ How the numbers are formed (per chip):
 * total = argument + output - alias + temp + other. ``alias`` is the output memory that reuses
   a donated argument (the train states); ``other`` is what the learner keeps on the chips while
   the program runs without passing it in (the other model's train state, the batch, the
-  targets). The engine is planned alone on its chip (params replicated, every slot's KV cache),
-  as ``rollout/placement.py`` places it beside a trainer.
+  targets). Where the engine runs is the main job's split (``build.make_meshes``):
+  ``rollout.devices`` N > 0 gives it the slice's first N chips laid out as ``rollout.mesh``
+  (weights and KV cache split over ``tensor`` / ``expert``, slots over ``data``:
+  ``SAOEngine.param_shardings`` / ``state_shardings``) and the learner the other chips as
+  ``mesh.shape``; N = 0 plans it alone on one chip (params replicated, every slot's KV cache)
+  and the learner on every chip. The learner's FLOPs are divided by the learner's chips.
 * A program XLA refuses at the chip's HBM (RESOURCE_EXHAUSTED, after it tried to fit it) does
   not fit; its temporaries come from XLA's message, its argument and output bytes from the
   abstract shapes. A compiler crash (libtpu segfaults on some programs) loses that program
   only: the compiles run in a child process, restarted after a crash.
 * FLOPs are model FLOPs: XLA's cost analysis of the learner's steps as traced on one CPU device
-  (seconds, nothing compiled) on the whole batch at full depth, divided by the chip count. The
+  (seconds, nothing compiled) on the whole batch at full depth, divided by the learner's chips. The
   compiled TPU programs' own counts are not used: XLA counts a loop body once (the micro-batch
   ``lax.scan``, and loops the TPU compiler makes of collective matmuls), and partitioned
   programs repeat work on several chips.
@@ -417,8 +421,8 @@ def learner_flops(config, mcfg, rows: int = 0) -> dict[str, float]:
   not model FLOPs), a routed MoE as its routed FLOPs (``routed_flops_equivalent``), with one
   micro-batch and one mini-batch -- the cost analysis counts a loop body once, and
   micro-batching does not change the arithmetic (the old-policy forward of
-  ``train.policy_minibatches`` > 1 is left out). Per chip, the slice divides these by its chip
-  count (the model-FLOPs convention of MFU: compute a partitioning repeats on several chips is
+  ``train.policy_minibatches`` > 1 is left out). Per chip, ``plan`` divides these by the learner's
+  chip count (the model-FLOPs convention of MFU: compute a partitioning repeats on several chips is
   not counted)."""
   import jax  # pylint: disable=import-outside-toplevel
   from sao_jax.train import sharding  # pylint: disable=import-outside-toplevel
@@ -442,41 +446,44 @@ def learner_flops(config, mcfg, rows: int = 0) -> dict[str, float]:
   return out
 
 
-def engine_programs(config, mcfg, device, keys: Sequence[str] = ENGINE_PROGRAMS,
+def engine_programs(config, mcfg, mesh, keys: Sequence[str] = ENGINE_PROGRAMS,
                     log=print, on_start=None, on_done=None) -> list[Program]:
-  """Compiles the rollout engine's programs named in ``keys`` on one chip, params replicated:
+  """Compiles the rollout engine's programs named in ``keys`` on ``mesh`` (the rollout sub-mesh
+  of ``build.make_meshes``, axes data / tensor / expert; or one chip), params and decode state
+  laid out as the engine holds them (``SAOEngine.param_shardings``, ``state_shardings``):
   "prefill" (``prefill_insert`` of ``rollout.slots`` fresh prompts of
   ``rollout.max_prefill_length`` tokens: the most one call takes) and "decode" (one decode step
   of every slot over the whole KV cache: ``generate``). ``on_start(key)`` and
   ``on_done(program)`` are called around each compile."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from jax.sharding import Mesh, NamedSharding  # pylint: disable=import-outside-toplevel
+  from jax.sharding import NamedSharding  # pylint: disable=import-outside-toplevel
   from jax.sharding import PartitionSpec as P  # pylint: disable=import-outside-toplevel
   from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
   from sao_jax.rollout.engine import SAOEngine  # pylint: disable=import-outside-toplevel
 
   slots, t = int(config.rollout.slots), int(config.rollout.max_prefill_length)
-  mesh = Mesh(np.array([device]), ("data",))
   rep = NamedSharding(mesh, P())
+  split = NamedSharding(mesh, P("data" if "data" in mesh.axis_names else None))
   graphdef, params = abstract_params(Transformer, mcfg)
-  params = _with_sharding(params, rep)
   engine = SAOEngine(mcfg, graphdef, None, max_concurrent_decodes=slots, max_prefill_length=t,
                      mesh=mesh)
+  params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params,
+                        engine.param_shardings(params))
   state = jax.eval_shape(lambda: engine.init_decode_state(0).replace(host_lengths=None))
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state,
-                       engine._state_sharding)  # pylint: disable=protected-access
-  row = lambda dtype: jax.ShapeDtypeStruct((slots,), dtype, sharding=rep)
+                       engine.state_shardings)
+  row = lambda dtype: jax.ShapeDtypeStruct((slots,), dtype, sharding=split)
   key = _with_sharding(jax.eval_shape(lambda: (jax.random.key(0), jnp.uint32(0))), rep)
   temp = jax.ShapeDtypeStruct((), jnp.float32, sharding=rep)
+  where = f"{mesh.size} chip{'s' if mesh.size > 1 else ''}"  # the layout: the report's header
   # pylint: disable=protected-access
   calls = {
-      "prefill": (f"engine prefill ({slots}x{t}, 1 chip)", engine._prefill_insert_jit,
+      "prefill": (f"engine prefill ({slots}x{t}, {where})", engine._prefill_insert_jit,
                   (params, state, row(jnp.int32),
-                   jax.ShapeDtypeStruct((slots, t), jnp.int32, sharding=rep), row(jnp.int32),
+                   jax.ShapeDtypeStruct((slots, t), jnp.int32, sharding=split), row(jnp.int32),
                    row(jnp.int32), row(jnp.int32), key, temp), {"kv_len": t}),
-      "decode": (f"engine decode step ({slots} slots, 1 chip)", engine._generate_jit,
+      "decode": (f"engine decode step ({slots} slots, {where})", engine._generate_jit,
                  (params, state, temp), {"kv_len": None})}
   out = []
   for key in keys:
@@ -528,10 +535,13 @@ def measure_in_process(config, sl: Slice, mcfg, items, log=print, emit=None):
   ``ENGINE_PROGRAMS``) for the slice in this process. Returns ({(key, depth): Program}, info of
   the learner). ``emit(kind, payload)`` (the worker's protocol) hears "start" before each
   compile, "done" after it and "info" once."""
-  from sao_jax.train import distributed, sharding  # pylint: disable=import-outside-toplevel
+  from sao_jax import build  # pylint: disable=import-outside-toplevel
   devices = slice_devices(sl)
-  mesh = sharding.make_mesh(distributed.parse_mesh_shape(config.mesh.shape) or {"data": 1},
-                            devices=devices)
+  # the main job's split (build.make_meshes): rollout.devices N > 0 gives the engine the first N
+  # chips laid out as rollout.mesh and the learner the rest; N = 0 plans the engine on one chip
+  mesh, engine_mesh = build.make_meshes(_run(config), devices)
+  if engine_mesh is None:
+    engine_mesh = _one_chip_mesh(devices[0])
   emit = emit or (lambda kind, payload: None)
   results, info = {}, {}
   for depth in sorted({d for _, d in items}):
@@ -549,8 +559,15 @@ def measure_in_process(config, sl: Slice, mcfg, items, log=print, emit=None):
     emit("info", info)
     engine_keys = [k for k in keys if k in ENGINE_PROGRAMS]
     if engine_keys:
-      engine_programs(config, cfg_d, devices[0], engine_keys, log=log, **hooks)
+      engine_programs(config, cfg_d, engine_mesh, engine_keys, log=log, **hooks)
   return results, info
+
+
+def _one_chip_mesh(device):
+  """A one-chip engine mesh (axis ``data`` of size 1) on ``device``."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from jax.sharding import Mesh  # pylint: disable=import-outside-toplevel
+  return Mesh(np.array([device]), ("data",))
 
 
 # a worker dying of these while compiling is a compiler crash; others (SIGTERM, SIGKILL) stop
@@ -620,12 +637,14 @@ def plan(config, sl: Slice, *, model: str = "", layers: int = 0, depths: str = "
   ``measure_isolated``).
 
   Keys: slice, chip, chips, topology, hbm_bytes, peak_flops, mfu, model (name, layers,
-  params), mesh, rows, length, microbatches, critic_updates, depths (None or the two compiled
-  depths), compiled (depth -> the programs as compiled at that depth), programs (list of dicts:
-  name, key, argument, output, alias, temp, resident, total, flops, calls, learner, refused,
-  crashed, fits, compile_s), step_flops (per chip, one policy step), step_time_s, fits, advice
-  (list of str). Raises ValueError on a bad config or arguments."""
+  params), mesh (the learner's), learner_chips, rollout_devices, rollout_mesh (None when the
+  engine shares a chip), rows, length, microbatches, critic_updates, depths (None or the two
+  compiled depths), compiled (depth -> the programs as compiled at that depth), programs (list
+  of dicts: name, key, argument, output, alias, temp, resident, total, flops, calls, learner,
+  refused, crashed, fits, compile_s), step_flops (per chip, one policy step), step_time_s, fits,
+  advice (list of str). Raises ValueError on a bad config or arguments."""
   from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
+  from sao_jax.rollout import placement  # pylint: disable=import-outside-toplevel
   from sao_jax.train.validation import validate_config  # pylint: disable=import-outside-toplevel
 
   if not 0 < mfu <= 1:
@@ -652,11 +671,12 @@ def plan(config, sl: Slice, *, model: str = "", layers: int = 0, depths: str = "
   programs = extrapolate(compiled, mcfg.n_layers) if fit_depths else compiled[mcfg.n_layers]
   for p in programs:  # (a crashed program's placeholder does not know its call count)
     p.calls = info["critic_updates"] if p.key == "critic" else int(p.learner)
+  learner_chips = math.prod(info["mesh"].values())  # the slice less rollout.devices
   log("counting the learner's FLOPs (traced on one CPU device)")
   model_flops = learner_flops(config, mcfg, rows=info["rows"])
   for p in programs:
     if p.learner:
-      p.flops = model_flops[p.key] / sl.chips
+      p.flops = model_flops[p.key] / learner_chips
   hbm = float(hbm_bytes if hbm_bytes else sl.chip.hbm_bytes)
   step_flops = sum(p.flops * p.calls for p in programs if p.learner)
   step_time = step_flops / (sl.chip.peak_flops * mfu)
@@ -672,7 +692,10 @@ def plan(config, sl: Slice, *, model: str = "", layers: int = 0, depths: str = "
                  params=count_params(abstract_params(Transformer, mcfg)[1]),
                  vocab_size=mcfg.vocab_size, n_experts=mcfg.n_experts, dtype=mcfg.dtype,
                  param_dtype=mcfg.param_dtype),
-      mesh=info["mesh"],
+      mesh=info["mesh"], learner_chips=learner_chips,
+      rollout_devices=int(config.rollout.devices),
+      rollout_mesh=(placement.rollout_shape(config.rollout.mesh, int(config.rollout.devices))
+                    if config.rollout.devices else None),
       tokens_per_device=int(config.mesh.tokens_per_device),
       rows=info["rows"], length=info["length"], microbatches=info["microbatches"],
       critic_updates=info["critic_updates"], tokens_per_step=info["tokens_per_step"],
@@ -713,6 +736,8 @@ def advice(config, report: dict) -> list[str]:
                  f"{(r['argument'] + r['resident']) / GIB:.3g} GiB, so only more chips help")
     else:
       fixes = [f"rollout.slots (now {config.rollout.slots}): fewer KV caches per chip",
+               f"rollout.devices / rollout.mesh (now {config.rollout.devices} / "
+               f"{config.rollout.mesh!r}): more chips, weights split over tensor / expert",
                f"rollout.max_prefill_length (now {config.rollout.max_prefill_length}) or "
                f"model.max_seq_len (now {config.model.max_seq_len}): shorter chunks and caches"]
     out.append(f"{need}; change " + "; ".join(fixes) + ".")
@@ -746,7 +771,10 @@ def format_report(report: dict) -> str:
       f"{m['d_model']}, vocab {m['vocab_size']}"
       + (f", {m['n_experts']} experts" if m["n_experts"] else "")
       + f"; params {m['param_dtype']}, compute {m['dtype']}",
-      f"mesh {report['mesh']}; batch {report['rows']} rows x {report['length']} tokens in "
+      (f"rollout on chips 0-{report['rollout_devices'] - 1} (rollout.devices), mesh "
+       f"{report['rollout_mesh']}; learner on the other {report['learner_chips']}, "
+       if report.get("rollout_devices") else "")
+      + f"mesh {report['mesh']}; batch {report['rows']} rows x {report['length']} tokens in "
       f"{report['microbatches']} micro-batch(es) (mesh.tokens_per_device="
       f"{report['tokens_per_device']}); {report['critic_updates']} critic update(s) per step",
   ]

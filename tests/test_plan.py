@@ -84,6 +84,45 @@ def test_plan_compiles_for_a_tpu_slice_and_names_the_fields_when_nothing_fits(tm
   assert report["step_time_s"] == pytest.approx(step / (197e12 * 0.4))
 
 
+ENGINE_LAYOUTS = r'''
+import json, sys
+from sao_jax import configs, plan
+from sao_jax.rollout import placement
+config = configs.load("arith_tool", "smoke")
+mcfg = plan.model_config(config)
+devices = plan.slice_devices(plan.parse_slice("v5e:2x2"))
+out = {}
+for text, n in (("data=1", 1), ("data=2", 2), ("tensor=2", 2)):
+  mesh = placement.rollout_mesh(text, devices[:n])
+  (p,) = plan.engine_programs(config, mcfg, mesh, ["decode"], log=lambda m: None)
+  out[text] = p.argument
+print("ARGS " + json.dumps(out))
+'''
+
+
+@pytest.mark.skipif(not plan.libtpu_available(),
+                    reason='libtpu is not installed (pip install -e ".[tpu]"): no TPU compiler')
+@pytest.mark.slow
+def test_the_engine_on_a_tensor_2_sub_mesh_holds_half_the_weights_per_chip():
+  """The engine's decode step compiled by XLA's TPU compiler on 1 chip, on 2 chips as data=2
+  (slots split, weights replicated) and on 2 chips as tensor=2 (weights and KV heads split).
+  Per chip, argument bytes = weights W + decode state S: 1 chip W + S, data=2 W + S/2, tensor=2
+  W_t + S/2 (the KV cache split by heads instead of slots). So S/2 = a(1) - a(data=2), W =
+  a(data=2) - S/2 and W_t = a(tensor=2) - S/2: about W / 2 (norms stay replicated)."""
+  proc = subprocess.run([sys.executable, "-c", ENGINE_LAYOUTS], cwd=ROOT, env=_env(),
+                        capture_output=True, text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout + proc.stderr
+  a = json.loads(proc.stdout.split("ARGS ", 1)[1])
+  half_state = a["data=1"] - a["data=2"]
+  weights, weights_t = a["data=2"] - half_state, a["tensor=2"] - half_state
+  assert half_state > 0
+  config = configs.load("arith_tool", "smoke")
+  from sao_jax.models.transformer import Transformer  # pylint: disable=import-outside-toplevel
+  n = plan.count_params(plan.abstract_params(Transformer, plan.model_config(config))[1])
+  assert weights == pytest.approx(4 * n, rel=0.05)  # float32 params, whole on each chip
+  assert 0.45 < weights_t / weights < 0.6, a
+
+
 def _batch_bytes(report) -> float:
   """Bytes of the whole ``Batch`` (6 [B, T] arrays of 1-4 bytes, 6 [B] arrays), upper bound."""
   return 4 * report["rows"] * (report["length"] * 6 + 6)
