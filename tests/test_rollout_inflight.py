@@ -169,9 +169,12 @@ def _slow_run(env_workers, slow_s, n=7, slots=3):
   its seed's luck; at 100, 0 of 64 did.)"""
   graphdef, params, engine = _setup(slots=slots, temperature=SLOW_T)
   problems = [P("warm", [11, 12, 13])] + [P(str(i), [11, 12, 13]) for i in range(n)]
-  # warm-up rollout (compiles prefill / generate / insert) so that timings below are decode only
-  RolloutWorker(engine, EchoEnv(), iter(problems[:1]), lambda t: True, WeightStore(params),
-                stop_ids=THIRD_IDS, max_new_tokens=30, max_seq_len=CFG.max_seq_len).run()
+  # warm-up rollouts (compile prefill / generate / insert) so that timings below are decode
+  # only: one problem, then one per slot, so the multi-row prefills of admissions and of
+  # observations answered together (1 .. slots rows) are compiled too
+  for warm in (problems[:1], problems[:slots]):
+    RolloutWorker(engine, EchoEnv(), iter(warm), lambda t: True, WeightStore(params),
+                  stop_ids=THIRD_IDS, max_new_tokens=30, max_seq_len=CFG.max_seq_len).run()
   out, times = [], {}
   problems = [P("slow", [11, 12, 13])] + problems[1:]
 
