@@ -32,7 +32,8 @@ class Task:
   Hooks the driver calls for every task (no task is special-cased there):
   ``on_policy_start()`` once before the first policy step (after the critic warm-up; e.g. the
   style task starts its phase clock), ``batch_metrics(trajs) -> dict[str, float]`` for every
-  policy step's trajectories (added to the step's metrics)."""
+  policy step's trajectories (added to the step's metrics). ``grader``: what decides the reward,
+  named in the run's results table (``train/report.py``)."""
   tokenizer: Any
   env: Any
   train_problems: list
@@ -43,6 +44,7 @@ class Task:
   stop_strings: tuple = ()
   on_policy_start: Callable[[], None] = lambda: None
   batch_metrics: Callable[[list], dict] = lambda trajs: {}
+  grader: str = "math-verify"
 
 
 def make_task(run: roles.Run) -> Task:

@@ -138,6 +138,7 @@ def _smoke(config, tmp_path):
   steps = [r for r in rows if "obs_tokens_mean" in r]
   assert len(steps) == 2 and all(r["obs_tokens_mean"] >= 0 for r in steps)
   assert "final/eval_accuracy" in rows[-1]
+  assert "greedy, hidden tests pass: resolved rate)" in proc.stdout  # the table names the grader
   print(config, "observation tokens per trajectory:", [r["obs_tokens_mean"] for r in steps])
   return rows
 

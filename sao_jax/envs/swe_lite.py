@@ -318,7 +318,8 @@ def build_task(run, tok):
              make_sft_dataset(env, train, run.sft.p_tool, run.seed, run.sft.num_demos)]
   problems = env.problems()
   return tasks.Task(tok, env, problems[:len(train)], problems[len(train):], _stop(tok), demos,
-                    stop_strings=env.stop_strings, batch_metrics=batch_metrics)
+                    stop_strings=env.stop_strings, batch_metrics=batch_metrics,
+                    grader="hidden tests pass: resolved rate")
 
 
 def load_source(spec: str, seed: int = 0, n: Optional[int] = None) -> list[Instance]:
@@ -353,4 +354,5 @@ def build_swe_task(run, tok):
   problems = {p.id: p for p in env.problems()}
   return tasks.Task(tok, env, [problems[i.instance_id] for i in train],
                     [problems[i.instance_id] for i in evals], _stop(tok), None,
-                    stop_strings=env.stop_strings, batch_metrics=batch_metrics)
+                    stop_strings=env.stop_strings, batch_metrics=batch_metrics,
+                    grader="hidden tests pass: resolved rate")

@@ -174,7 +174,7 @@ def run(config) -> dict[str, Any]:
   summary = {
       "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"],
       "tool_use_before": before["tool_use"], "tool_use_after": after["tool_use"],
-      "eval_problems": after["n"], "policy_steps": tcfg.num_steps,
+      "eval_problems": after["n"], "grader": task.grader, "policy_steps": tcfg.num_steps,
       "trajectories_consumed": tcfg.batch_size * (tcfg.num_steps + warmup_steps),
       "env_errors": int(src["env_errors_total"]), "nonfinite_skipped": guard.total,
       "trajectories_generated": int(src["rollout_trajectories"]),

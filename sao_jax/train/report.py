@@ -68,7 +68,8 @@ def print_table(summary: dict, stream: Optional[TextIO] = None) -> None:
   tb, ta = s["tool_use_before"], s["tool_use_after"]
   rows = [("greedy accuracy", f"{100 * b:.1f}%", f"{100 * a:.1f}%", f"{100 * (a - b):+.1f} pts"),
           ("tool use", f"{100 * tb:.1f}%", f"{100 * ta:.1f}%", f"{100 * (ta - tb):+.1f} pts")]
-  print(f"\nHeld-out evaluation ({s['eval_problems']} problems, greedy, math-verify):", file=out)
+  print(f"\nHeld-out evaluation ({s['eval_problems']} problems, greedy, "
+        f"{s.get('grader', 'math-verify')}):", file=out)
   print(f"{'':18s}{'warm start':>12s}{'after SAO':>12s}{'change':>12s}", file=out)
   for r in rows:
     print(f"{r[0]:18s}{r[1]:>12s}{r[2]:>12s}{r[3]:>12s}", file=out)
