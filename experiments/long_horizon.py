@@ -33,12 +33,14 @@ the critic; if SAO is ahead of ``grpo_dis``, SAO's lead is not from DIS alone. C
 counted per arm and stated; they do not enter the rule.
 
 ``nice -n 10 python experiments/long_horizon.py`` runs the full study (20 runs of 200 steps;
-estimated at about 5 hours on 2 shared CPU cores from the per-step times of the stability
-runs). It is resumable: each finished run is kept in ``experiments/results/long_horizon.csv``
-and a rerun of the same command skips it (a run cut short restarts from its step 0), so it can be
-spread over several sittings. ``--report_only`` rebuilds the table, plot and section from the
-CSV; ``--quick`` (`configs/chain_tool.py:smoke`, every arm at 2 steps, 1 seed, 8 eval problems)
-is the pipeline check of the test suite and writes to its own out dir.
+estimated at about 4.5 hours on 2 shared CPU cores: per seed ~1200 s for sao and ~600-650 s
+for each GRPO arm, from the per-step times of the d = 4 stability runs, the 400-problem evals
+and a new SFT warm start per seed). It is resumable: each finished run is kept in
+``experiments/results/long_horizon.csv`` and a rerun of the same command skips it (a run cut
+short restarts from its step 0), so it can be spread over several sittings. ``--report_only``
+rebuilds the table, plot and section from the CSV; ``--quick`` (`configs/chain_tool.py:smoke`,
+the arms ``sao`` and ``grpo_dis`` at 2 steps, 1 seed, 8 eval problems) is the pipeline check of
+the test suite and writes to its own out dir.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ ARMS = (
     common.Arm("grpo_dis", dict(GROUPS, **{"train.policy_minibatches": 1,
                                            "train.objective": "dis"})),
 )
+QUICK_ARMS = ("sao", "grpo_dis")  # the pipeline check: SAO and the one new objective/mode pair
 MAX_P = 0.0625       # sign-flip p at or below which a 5/5 sign count is a difference
 MATCH_MARGIN = 0.05  # |mean paired difference| within which a no-difference baseline "matches"
 
@@ -116,8 +119,9 @@ def conclusion(verdicts: dict) -> str:
 def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
   out_dir, md = common.out_paths(EXPERIMENT, quick, out_dir)
   seeds = SEEDS_QUICK if quick else SEEDS_FULL
+  arms = [a for a in ARMS if a.name in QUICK_ARMS] if quick else list(ARMS)
   base = dict(QUICK if quick else FULL, **tc.fixed_delay(DELAY))
-  csv_path = common.run_training_arms(EXPERIMENT, ARMS, seeds, quick=quick, out_dir=out_dir,
+  csv_path = common.run_training_arms(EXPERIMENT, arms, seeds, quick=quick, out_dir=out_dir,
                                       metrics=tc.TRAIN_METRICS, base=base,
                                       report_only=report_only)
   rows = common.read_rows(csv_path)
@@ -126,7 +130,7 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
                ("masked_fraction", None, "masked (DIS band / PPO clip)"),
                ("staleness_mean", None, "staleness")],
               title=f"Long horizon, fixed rollout delay d = {DELAY}; mean and min-max over seeds")
-  names = [a.name for a in ARMS]
+  names = [a.name for a in arms]
   table = stability.run_table(rows, names, seeds)
   acc = common.eval_curves_from_start(rows)
   auc = {(arm, s): common.curve_area(*xy) for arm, per in acc.items() for s, xy in per.items()
@@ -161,7 +165,7 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
 Setting (fixed in the script before the runs): `configs/{tc.TASK}.py`{':smoke' if quick else ''}
 with {base}; lockstep rollout with a fixed delay d = {DELAY} (lag emulation: equal staleness by
 construction, so this cell tests stability under lag, not asynchrony); arms
-{[a.name + ' ' + str(a.overrides) for a in ARMS]}; seeds {list(seeds)}; every arm trains on 32
+{[a.name + ' ' + str(a.overrides) for a in arms]}; seeds {list(seeds)}; every arm trains on 32
 trajectories per step (SAO 32 prompts x 1, GRPO 4 x 8). Area = trapezoid under the eval curve
 (step 0 = the warm start) divided by the step span. Collapse = {stability.COLLAPSE_EVALS} evals
 in a row below half the best so far.
@@ -180,10 +184,11 @@ Paired differences per seed (sao - baseline; the exact sign-flip p and paired t 
 
 ![long horizon](results/{EXPERIMENT}.png)
 
-**Verdict: {stated}** (rule in the script's docstring, fixed before the runs: per measure, 5/5
-seeds of one sign with exact sign-flip p <= {MAX_P}; per baseline, SAO (or the baseline) ahead on
-both the final accuracy and the area, or "matches" when neither differs and |mean| <=
-{MATCH_MARGIN} on both).
+**Verdict: {stated}.** Per baseline: {"; ".join(f"{b}: {v}" for b, v in verdicts.items())};
+collapses per arm (not in the rule): {n_coll}. (Rule in the script's docstring, fixed before
+the runs: per measure, 5/5 seeds of one sign with exact sign-flip p <= {MAX_P}; per baseline,
+SAO (or the baseline) ahead on both the final accuracy and the area, or "matches" when neither
+differs and |mean| <= {MATCH_MARGIN} on both.)
 """
   common.write_section(md, EXPERIMENT, TITLE, body)
   return csv_path
