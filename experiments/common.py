@@ -348,6 +348,40 @@ def paired_differences(final: dict, a: str, b: str, seeds: Sequence[int]) -> lis
   return [final[(a, s)] - final[(b, s)] for s in seeds if (a, s) in final and (b, s) in final]
 
 
+def format_paired(diffs: Sequence[float]) -> str:
+  """The per-seed differences and ``paired_test`` of them in one line: "+0.100 +0.200 (mean
+  +0.150; 2 positive / 0 negative; exact sign-flip p = 0.500; paired t p = 0.205)"; "-" when
+  there is none."""
+  if not len(diffs):
+    return "-"
+  s = paired_test(diffs)
+  return (f"{' '.join(f'{d:+.3f}' for d in diffs)} (mean {s['mean']:+.3f}; {s['positive']} "
+          f"positive / {s['negative']} negative; exact sign-flip p = {s['p_sign_flip']:.3f}; "
+          f"paired t p = {s['p_t']:.3f})")
+
+
+def eval_curves_from_start(rows: list[dict]) -> dict:
+  """``{arm: {seed: (steps [n], accuracy [n])}}`` of ``eval_accuracy`` with the warm start's eval
+  (``initial_accuracy``) as the point at step 0, where the run has one."""
+  init = per_run_final(rows, "initial_accuracy")
+  out = curves(rows, "eval_accuracy")
+  for (arm, seed), a0 in init.items():
+    x, y = out.setdefault(arm, {}).get(seed, (np.zeros(0), np.zeros(0)))
+    out[arm][seed] = (np.concatenate([[0.0], x]), np.concatenate([[a0], y]))
+  return out
+
+
+def curve_area(steps: np.ndarray, acc: np.ndarray) -> float:
+  """Area under the eval curve: the trapezoid rule over ``steps``, divided by the step span (so
+  it is a mean accuracy, in [0, 1] for accuracies in [0, 1]). Raises ValueError for fewer than 2
+  points or a zero span."""
+  steps, acc = np.asarray(steps, np.float64), np.asarray(acc, np.float64)
+  if steps.size < 2 or steps[-1] == steps[0]:
+    raise ValueError(f"curve_area needs >= 2 eval points over a non-zero step span, got steps "
+                     f"{steps.tolist()}; set eval.every_steps so that the run has them")
+  return float(np.sum((acc[1:] + acc[:-1]) / 2 * np.diff(steps)) / (steps[-1] - steps[0]))
+
+
 def staleness_flag(mean_staleness: dict, arms: Sequence[str], tolerance: float) -> tuple:
   """(per-arm mean staleness over seeds, flagged): flagged when the arms' means differ by more
   than ``tolerance`` (relative to the largest), i.e. the cell cannot be judged (issue 16)."""

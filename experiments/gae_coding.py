@@ -90,13 +90,9 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
                   float(np.mean([obs[(arm.name, s)] for s in done if (arm.name, s) in obs]))
                   if done else "-"])
   diffs = common.paired_differences(final, "sao", "naive_gae", seeds)
-  stats = common.paired_test(diffs) if diffs else None
   rule = "quick run: pipeline check only, not judged" if quick else verdict(diffs)
   cmd = "python experiments/gae_coding.py" + (" --quick" if quick else "")
-  paired = ("-" if stats is None else
-            f"{' '.join(f'{d:+.3f}' for d in diffs)} (mean {stats['mean']:+.3f}; "
-            f"{stats['positive']} positive / {stats['negative']} negative; exact sign-flip "
-            f"p = {stats['p_sign_flip']:.3f}; paired t p = {stats['p_t']:.3f})")
+  paired = common.format_paired(diffs)
   body = f"""Command: `{cmd}` (resumable: finished runs are kept in the CSV)
 
 Setting (fixed): `configs/{TASK}.py`{':smoke' if quick else ''} with {QUICK if quick else {}};

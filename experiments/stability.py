@@ -59,7 +59,7 @@ def collapse_step(steps: np.ndarray, acc: np.ndarray, consecutive: int = COLLAPS
 def run_table(rows, arms, seeds):
   """Per run: [arm, seed, acc before, best eval, final acc, collapse step, mean staleness,
   EV (mean of the last 5 steps), DIS/clip masked fraction (mean)]."""
-  acc = common.curves(rows, "eval_accuracy")
+  acc = common.eval_curves_from_start(rows)  # the warm start's eval is the point at step 0
   final = common.per_run_final(rows, "final_accuracy")
   init = common.per_run_final(rows, "initial_accuracy")
   stale = common.mean_over_steps(rows, "staleness_mean")
@@ -69,8 +69,6 @@ def run_table(rows, arms, seeds):
   for arm in arms:
     for seed in seeds:
       x, y = acc.get(arm, {}).get(seed, (np.zeros(0), np.zeros(0)))
-      if (arm, seed) in init:  # the warm start's eval is the curve's first point (step 0)
-        x, y = np.concatenate([[0.0], x]), np.concatenate([[init[(arm, seed)]], y])
       c = collapse_step(x, y)
       e = ev.get(arm, {}).get(seed)
       table.append([arm, seed, init.get((arm, seed), float("nan")),

@@ -149,11 +149,12 @@ def test_throughput_quick(tmp_path):
 @pytest.mark.slow
 def test_training_experiments_quick(tmp_path):
   """stability (both arms at a fixed delay of 2), ablations (the running-mean arm, 12 steps on
-  a pool of 32 prompts at batch 8), overshoot (one remedy), online: the tiny model, in one
-  subprocess."""
+  a pool of 32 prompts at batch 8), overshoot (one remedy), online, long_horizon (sao and
+  grpo_dis at 2 steps, delay 4): the tiny model, in one subprocess."""
   code = ("import sys; sys.path.insert(0, 'experiments'); import stability, ablations, "
-          f"overshoot, online_style; out = {str(tmp_path)!r}; stability.run(True, out); "
-          "ablations.run(True, out); overshoot.run(True, out); online_style.run(True, out)")
+          f"overshoot, online_style, long_horizon; out = {str(tmp_path)!r}; "
+          "stability.run(True, out); ablations.run(True, out); overshoot.run(True, out); "
+          "online_style.run(True, out); long_horizon.run(True, out)")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                         timeout=900, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -175,6 +176,43 @@ def test_training_experiments_quick(tmp_path):
   _check_outputs(out, "online_style", ["running_mean_128"], ["reward_mean"], 0.0, 1.0)
   md = open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read()
   assert "<!-- section:stability -->" in md and "### Delay d = 2" in md
+  # long_horizon: sao and GRPO+DIS (grpo_async with the DIS objective) ran their 2 steps; the
+  # eval curve has the warm start (step 0, initial_accuracy), the periodic eval (step 1) and the
+  # final eval (step 2)
+  rows = _check_outputs(out, "long_horizon", ["sao", "grpo_dis"],
+                        ["final_accuracy", "eval_accuracy", "initial_accuracy"], 0.0, 1.0)
+  assert {r["arm"] for r in rows} == {"sao", "grpo_dis"}
+  for arm in ("sao", "grpo_dis"):
+    steps = {m: sorted(r["step"] for r in rows if r["arm"] == arm and r["metric"] == m)
+             for m in ("reward_mean", "eval_accuracy", "staleness_mean")}
+    assert steps == {"reward_mean": [1, 2], "eval_accuracy": [1, 2], "staleness_mean": [1, 2]}
+    # delay 4 at version 1: step 2 trains on tokens 1 version old (min(d, v))
+    assert [r["value"] for r in rows if r["arm"] == arm and r["metric"] == "staleness_mean"
+            and r["step"] == 2] == [1.0]
+  config = os.path.join(out, "runs", "long_horizon", "grpo_dis", "seed0", "config.json")
+  assert '"objective": "dis"' in open(config, encoding="utf-8").read()
+  assert "| grpo_dis | 0 |" in open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read()
+
+
+def test_long_horizon_rule_hand_worked():
+  """The pre-set rule: 5/5 positive differences (sign-flip p = 2/32) on both measures = SAO
+  ahead; 4/5 = no difference, a match only within 0.05; fewer seeds = incomplete; the DIS
+  conclusion follows grpo_dis's verdict; the area is the trapezoid mean."""
+  import long_horizon as lh  # pylint: disable=import-outside-toplevel
+  up, small = [0.1, 0.2, 0.05, 0.3, 0.1], [0.01, -0.02, 0.03, -0.01, 0.02]
+  assert lh.baseline_verdict(up, up, "b") == "SAO ahead of b"
+  assert lh.baseline_verdict([-x for x in up], [-x for x in up], "b") == "b ahead of SAO"
+  assert lh.baseline_verdict(small, small, "b") == "b matches SAO"
+  assert lh.baseline_verdict(up, small, "b") == "mixed/inconclusive"
+  assert lh.baseline_verdict([0.2, 0.2, -0.01, 0.2, 0.2], small, "b") == "mixed/inconclusive"
+  assert lh.baseline_verdict(up[:4], up[:4], "b").startswith("incomplete")
+  assert lh.conclusion({"grpo_dis": "grpo_dis matches SAO"}).endswith(
+      "the stability comes from DIS, not from the critic or the single rollout")
+  assert lh.conclusion({"grpo_dis": "SAO ahead of grpo_dis"}).startswith("SAO is ahead")
+  # steps 0, 25, 50: (0.1 + 0.3) / 2 * 25 + (0.3 + 0.5) / 2 * 25 = 15, over 50 steps = 0.3
+  assert common.curve_area(np.array([0, 25, 50]), np.array([0.1, 0.3, 0.5])) == pytest.approx(0.3)
+  with pytest.raises(ValueError, match="eval.every_steps"):
+    common.curve_area(np.array([0.0]), np.array([0.1]))
 
 
 def test_paired_test_hand_worked():
