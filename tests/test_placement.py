@@ -18,7 +18,7 @@ from conftest import with_test_xla_flags  # tests/conftest.py
 from sao_jax import configs
 from sao_jax.roles import ConfigError
 from sao_jax.rollout import placement
-from sao_jax.train.validation import validate_config
+from sao_jax.train.validation import config_warnings, validate_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -99,6 +99,26 @@ def test_bad_placements_are_config_errors_naming_the_field_and_fix():
   assert "config.eval.slots = 16" in text
   text = _problems(num_devices=1, rollout__mesh="tensor=2")  # devices 0: one shared device
   assert "config.rollout.mesh = 'tensor=2': needs 2 device(s) but the rollout has 1" in text
+  # the KV cache splits by KV heads: the arith model's 2 refuse tensor=4 before anything is built
+  text = _problems(rollout__devices=4, rollout__mesh="tensor=4", mesh__shape="fsdp=-1")
+  assert "config.rollout.mesh = 'tensor=4': its tensor axis (4) must divide model.n_kv_heads " \
+      "(2;" in text and "fix: a tensor size that divides 2" in text
+  assert _problems(rollout__devices=4, rollout__mesh="data=2,tensor=2", mesh__shape="fsdp=-1") == ""
+
+
+def test_placements_that_idle_or_copy_devices_warn():
+  c = configs.load("arith_tool", "smoke")
+  c.rollout.devices = 4
+  (line,) = config_warnings(c)  # mesh.shape '': the learner takes one of the other 4
+  assert line.startswith("warning: rollout.devices=4 with mesh.shape='': the learner uses one "
+                         "device") and "--config.mesh.shape=fsdp=-1" in line
+  c.mesh.shape = "fsdp=-1"
+  assert config_warnings(c) == []
+  c.rollout.mesh = "data=2,expert=2"  # a dense model: the expert axis holds copies
+  (line,) = config_warnings(c)
+  assert "has an expert axis but model.n_experts=0" in line and "put those devices on data" in line
+  c.model.n_experts = 4
+  assert config_warnings(c) == []
 
 
 @pytest.mark.slow

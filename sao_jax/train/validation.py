@@ -239,6 +239,13 @@ def _placement_problems(flat: dict, num_devices: int) -> tuple[list[str], int]:
   except ValueError as e:
     return [f"config.rollout.mesh = {text!r}: {str(e).split(': ', 1)[-1]}"], num_devices - n
   problems = []
+  kv = flat.get("model.n_kv_heads")
+  random_init = not flat.get("model.checkpoint_dir") and not flat.get("model.gguf")
+  if n and random_init and isinstance(kv, int) and kv % shape["tensor"]:
+    # (a checkpoint's head counts are read later: the engine checks those when it is built)
+    problems.append(f"config.rollout.mesh = {text!r}: its tensor axis ({shape['tensor']}) must "
+                    f"divide model.n_kv_heads ({kv}; the KV cache is split by KV heads); fix: a "
+                    f"tensor size that divides {kv}, the rest on data")
   for field in ("rollout.slots", "eval.slots"):
     v = flat.get(field)
     if isinstance(v, int) and v % shape["data"]:
@@ -370,15 +377,36 @@ def validate_config(config, num_devices: Optional[int] = None) -> None:
     raise ConfigError(problems)
 
 
+def _rollout_expert_axis(flat: dict) -> int:
+  """The size of ``rollout.mesh``'s expert axis over ``rollout.devices`` (1 when invalid)."""
+  from sao_jax.rollout import placement  # pylint: disable=import-outside-toplevel
+  try:
+    return placement.rollout_shape(flat.get("rollout.mesh", ""), flat["rollout.devices"])["expert"]
+  except (ValueError, KeyError, TypeError):
+    return 1
+
+
 def config_warnings(config) -> list[str]:
   """Lines to print at the start of a run for valid but probably unintended settings (the
   driver prints each once, on process 0):
     * a PPO-family objective (ppo_clip, tis, icepop) with ``train.policy_minibatches=1``: one
       update per batch, so its ratio pi / pi_old is 1 at that update and the PPO clip never
-      acts (README, "paper name" table)."""
+      acts (README, "paper name" table);
+    * ``rollout.devices`` > 0 with an empty ``mesh.shape``: the learner uses one device;
+    * an ``expert`` axis in ``rollout.mesh`` for a dense random-init model: copies."""
   flat = roles.flatten(config)
   _, objective, _ = _resolved(flat)
   out = []
+  if flat.get("rollout.devices", 0) and not flat.get("mesh.shape"):
+    out.append(f"warning: rollout.devices={flat['rollout.devices']} with mesh.shape='': the "
+               "learner uses one device (the first after the rollout's) and any other devices "
+               "stay idle; to train on all of them use e.g. --config.mesh.shape=fsdp=-1.")
+  dense_random = not (flat.get("model.n_experts") or flat.get("model.checkpoint_dir")
+                      or flat.get("model.gguf"))
+  if dense_random and flat.get("rollout.devices", 0) and _rollout_expert_axis(flat) > 1:
+    out.append(f"warning: rollout.mesh={flat['rollout.mesh']!r} has an expert axis but "
+               "model.n_experts=0 (a dense model): that axis holds copies of the weights; "
+               "put those devices on data instead.")
   if objective in _PPO_FAMILY and flat.get("train.policy_minibatches", 1) == 1:
     out.append(f"warning: train.objective resolves to {objective!r} with "
                "train.policy_minibatches=1: one update per batch, so the PPO ratio pi / pi_old "
