@@ -3,8 +3,13 @@ the serving dtype and laid out on the rollout engine's devices (``placement.resh
 ``Learner.policy_params`` runs), against ``jax.device_put`` to the same shardings, in one run,
 interleaved.
 
-    python benchmarks/bench_reshard.py [--model qwen3-0.6b] [--layouts tensor=4,data=2;tensor=2]
-                                       [--repeats 3] [--json out.json]
+    python benchmarks/bench_reshard.py [--model qwen3-0.6b] [--repeats 3] [--json out.json]
+                                       [--layouts 'tensor=4;data=2,tensor=2;data=4']
+    python benchmarks/bench_reshard.py --model tiny-qwen3-moe --repeats 1 \
+                                       --layouts 'tensor=2,expert=2;data=2,expert=2'
+                                       # a check in seconds, expert layouts on an MoE
+
+``--layouts``: ``rollout.mesh`` values over the 4 rollout devices, ';'-separated (quote them).
 
 Runs on 8 devices (on CPU it forces 8 host devices): the learner's ``fsdp=4`` mesh on the first 4
 (``sharding.LOGICAL_RULES``), the engine's mesh on the other 4 (``placement.rollout_mesh``,
@@ -13,7 +18,9 @@ learner's mesh), ``reshard`` (``placement.reshard`` of the cast tree: device to 
 piece) and ``device_put`` (``jax.device_put(cast, target)``: JAX's own move between the two device
 sets, which goes through the host for a change of layout). GB/s = bytes the rollout devices
 receive (the sum of the target shards: a replicated layout receives one copy per device) /
-seconds. Every result is checked equal to the cast tree. On CPU "device to device" is a host
+seconds: a replicated layout counts every copy it receives (``data=4`` receives the tree 4
+times), where ``bench_weight_sync.py`` counts 2 x the tree for its 2 actors. Every result is
+checked equal to the cast tree. On CPU "device to device" is a host
 memcpy between buffers, so these are memory-bandwidth figures for this machine, not ICI numbers.
 """
 
@@ -93,7 +100,7 @@ def main():
   cast_fn = jax.jit(lambda t: jax.tree.map(lambda x: x.astype(jnp.bfloat16), t))
   tree_gb = sum(x.nbytes for x in jax.tree.leaves(params)) / 2 / 1e9
   load = os.getloadavg()[0]
-  print(f"{args.model}: {len(jax.tree.leaves(params))} leaves, {tree_gb:.3f} GB in bfloat16; "
+  print(f"{args.model}: {len(jax.tree.leaves(params))} leaves, {1e3 * tree_gb:.1f} MB in bfloat16; "
         f"learner fsdp=4 on devices {[d.id for d in devices[4:]]}, rollout on "
         f"{[d.id for d in devices[:4]]}; load avg {load:.1f}", flush=True)
   rows = []
@@ -119,17 +126,17 @@ def main():
           rows.append({"layout": text, "how": how, "round": rnd, "cast_s": t_cast, "s": dt,
                        "received_gb": nbytes / 1e9, "gbps": nbytes / 1e9 / dt, "equal": ok})
           print(f"{text:18s} {how:10s} round {rnd}: cast {t_cast:.3f} s, move {dt:.3f} s, "
-                f"{nbytes / 1e9:.2f} GB received, {nbytes / 1e9 / dt:.2f} GB/s"
+                f"{nbytes / 1e6:.1f} MB received, {nbytes / 1e9 / dt:.3f} GB/s"
                 + ("" if ok is None else f", equal={ok}"), flush=True)
         elif not ok:
           raise SystemExit(f"{how} to {text}: result differs from the cast tree")
       del cast
-  print("\nlayout | how | median move s | GB received | median GB/s | cast s (median)")
+  print("\nlayout | how | median move s | MB received | median GB/s | cast s (median)")
   for text in args.layouts.split(";"):
     for how in ("reshard", "device_put"):
       r = [x for x in rows if x["layout"] == text and x["how"] == how]
       print(f"{text} | {how} | {statistics.median(x['s'] for x in r):.3f} | "
-            f"{r[0]['received_gb']:.2f} | {statistics.median(x['gbps'] for x in r):.2f} | "
+            f"{1e3 * r[0]['received_gb']:.1f} | {statistics.median(x['gbps'] for x in r):.3f} | "
             f"{statistics.median(x['cast_s'] for x in r):.3f}")
   print(f"load avg at the end {os.getloadavg()[0]:.1f}")
   if args.json:

@@ -185,7 +185,8 @@ class Rollout:
                     "the learner's mesh.shape lays out the rest); 0 = share device 0 with the "
                     "learner", check=">=0")
   mesh: str = _f("data=-1", "the rollout devices' mesh: axes data (slots), tensor, expert, e.g. "
-                 "'data=-1,tensor=1,expert=1' (-1 = the remaining devices)")
+                 "'data=2,tensor=2' (-1 = the rest of rollout.devices); tensor must divide the "
+                 "model's n_kv_heads; expert only for MoE models")
   backend: str = _f("thread", "TrajectorySource: 'thread' (in this process) or 'ray' (actors)",
                     choices=("thread", "ray"))
   num_workers: int = _f(1, "rollout workers (engines); > 1 needs backend 'ray'", check=">=1")
