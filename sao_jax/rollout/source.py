@@ -166,6 +166,7 @@ class ThreadSource:
             "rollout_trajectories": float(s.trajectories), "rollout_idle_s": s.idle_s,
             "rollout_generate_steps": float(s.generate_steps),
             "rollout_tokens_discarded": float(s.tokens_discarded),
+            "rollout_overlapped_calls": float(s.overlapped_calls),
             "rollout_slot_occupancy": s.decode_slot_steps / max(1, s.generate_steps * slots),
             "env_errors_total": float(s.env_errors), **self.assembler.metrics()}
 
