@@ -3,6 +3,7 @@ real ``RolloutWorker`` (continuous batching, one ``<tool>`` call and observation
 env inline), on two engine paths in one process, interleaved:
 
     python benchmarks/bench_rollout.py [--quick] [--problems 256] [--repeats 3] [--json out.json]
+                                       [--paths ours,ours+overlap]
 
 - "ours": the worker's default path on ``SAOEngine`` -- a fresh prompt and every observation
   prefilled straight into its decode slot (``prefill_insert``, ``starts=`` for observations),
@@ -12,6 +13,9 @@ env inline), on two engine paths in one process, interleaved:
   ``--xla_force_host_platform_device_count`` = the core count unless ``XLA_FLAGS`` sets one). It
   draws the same tokens as "ours" (same seed in each round), so the two roll out the same
   trajectories.
+- "ours+overlap": "ours" with ``rollout.overlap_host`` (the next ``generate_steps`` call is
+  dispatched before the host reads the previous one's tokens; same seed as "ours", but a slot
+  rejoins one call later after each turn, so the draws differ).
 - "jetstream_api": the same engine seen through the JetStream API only (``prefill`` /
   ``insert`` / ``generate`` / ``slot_prefix``: a one-row prefill per prompt or observation,
   inserted into the slot, one token per call), the path any other JetStream engine takes.
@@ -64,6 +68,8 @@ def main():
   ap.add_argument("--problems", type=int, default=256)
   ap.add_argument("--sft_cache", default=os.path.join(tempfile.gettempdir(), "sao_jax_sft_cache"),
                   help="sft.cache_dir: the warm start is trained once and reused")
+  ap.add_argument("--paths", default="",
+                  help="comma-separated paths to run (default: all; module doc)")
   args = ap.parse_args()
   malloc_tuned = common.apply_malloc(args)
   c = arith_tool.get_config()
@@ -76,7 +82,7 @@ def main():
   engine = build.make_engine(c, policy.mcfg, policy.graphdef, task.tokenizer,
                              slots=c.rollout.slots, temperature=1.0)
   problems = task.train_problems[:n]
-  paths = {"ours": (engine, policy.params)}
+  paths = {"ours": (engine, policy.params), "ours+overlap": (engine, policy.params)}
   ndev = len(jax.devices())
   if ndev > 1 and c.rollout.slots % ndev == 0:
     mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
@@ -86,7 +92,10 @@ def main():
         jax.device_put(policy.params, jax.sharding.NamedSharding(
             mesh, jax.sharding.PartitionSpec())))
   paths["jetstream_api"] = (JetStreamOnly(engine), policy.params)
-  stats = {name: [] for name in paths}
+  keep = set(args.paths.split(",")) if args.paths else set(paths)
+  if keep - set(paths):
+    raise ValueError(f"--paths: unknown {sorted(keep - set(paths))}; choose from {list(paths)}")
+  stats = {name: [] for name in paths if name in keep}
 
   def rollout(name, seed):
     out = []
@@ -97,7 +106,8 @@ def main():
         lambda t: out.append(t) or True, WeightStore(params, 0), stop_ids=task.stop_ids,
         stop_strings=task.stop_strings, max_new_tokens=c.rollout.max_new_tokens,
         max_seq_len=c.model.max_seq_len, temperature=1.0, seed=seed,
-        decode_steps=1 if name == "jetstream_api" else c.rollout.decode_steps)
+        decode_steps=1 if name == "jetstream_api" else c.rollout.decode_steps,
+        overlap_host=name == "ours+overlap")
     t0 = time.perf_counter()
     worker.run()
     wall = time.perf_counter() - t0
@@ -107,6 +117,7 @@ def main():
                         "turns": float(np.mean([t.num_turns for t in out])),
                         "prefill_s": worker.stats.prefill_s,
                         "generate_s": worker.stats.generate_s,
+                        "overlapped calls": worker.stats.overlapped_calls,
                         "prefill calls": getattr(worker.stats, "prefill_calls", -1),
                         # decode slot-steps that sampled a kept token (the rest: empty slots,
                         # slots awaiting their env, tokens past a turn's end)
@@ -128,9 +139,10 @@ def main():
                  "turns / trajectory": common.median([r["turns"] for r in runs]),
                  "prefill_s": common.median([r["prefill_s"] for r in runs]),
                  "generate_s": common.median([r["generate_s"] for r in runs]),
+                 "overlapped calls": common.median([r["overlapped calls"] for r in runs]),
                  "prefill calls": common.median([r["prefill calls"] for r in runs]),
                  "busy slot-steps": common.median([r["busy slot-steps"] for r in runs])})
-  for row in rows[:-1]:
+  for row in rows[:-1] if "jetstream_api" in stats else []:
     row["/ jetstream_api"] = row["action tok/s"] / rows[-1]["action tok/s"]
   common.report("rollout (configs/arith_tool.py, " + ("quick: random init" if args.quick
                                                       else "SFT warm start") + ")", rows, args,

@@ -196,7 +196,7 @@ def worker_kwargs(run: roles.Run) -> dict:
   r = run.rollout
   return dict(max_new_tokens=r.max_new_tokens, max_seq_len=run.model.max_seq_len,
               temperature=r.temperature, kv_on_update=r.kv_on_update,
-              decode_steps=r.decode_steps)
+              decode_steps=r.decode_steps, overlap_host=r.overlap_host)
 
 
 def make_source(run: roles.Run, task, policy: Policy, params, version: int, ledger: PromptLedger,

@@ -166,6 +166,9 @@ class Rollout:
   max_prefill_length: int = _f(64, "longest prompt / observation chunk", check=">=1")
   decode_steps: int = _f(4, "tokens per slot per engine call; weights change between calls",
                          check=">=1")
+  overlap_host: bool = _f(False, "dispatch the next decode call before the host reads the "
+                          "previous one's tokens (device decodes while Python routes tokens; "
+                          "SAOEngine only; rollout/worker.py module doc)")
   queue_size: int = _f(64, "bounded trajectory queue (backpressure)", check=">=1")
   kv_on_update: str = _f("keep", "weight update mid-rollout: 'keep' stale KV or 'recompute'",
                          choices=("keep", "recompute"))

@@ -124,12 +124,13 @@ def test_rollout_quick_both_engine_paths(tmp_path):
   rec = _run("bench_rollout.py", tmp_path)
   n = len(rec["machine"]["jax_devices"])  # the devices the script split the engine over
   split = [f"ours@{n}"] if n > 1 and 32 % n == 0 else []  # configs/arith_tool.py: 32 slots
-  assert [r["path"] for r in rec["rows"]] == ["ours", *split, "jetstream_api"]
+  assert [r["path"] for r in rec["rows"]] == ["ours", "ours+overlap", *split, "jetstream_api"]
   for r in rec["rows"]:  # every problem rolled out, each with >= 1 sampled token and turn
     assert r["trajectories"] == 16 and r["action tokens"] >= 16 and r["turns / trajectory"] >= 1
   assert rec["rows"][0]["/ jetstream_api"] > 0
   if split:  # the same seed on one and on n devices: the same draws, so the same trajectories
-    assert rec["rows"][1]["action tokens"] == rec["rows"][0]["action tokens"]
+    assert rec["rows"][2]["action tokens"] == rec["rows"][0]["action tokens"]
+  assert rec["rows"][1]["overlapped calls"] > 0  # ours+overlap: calls dispatched before a read
 
 
 def test_ab_engine_quick_decodes_what_it_times(tmp_path):

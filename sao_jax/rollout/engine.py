@@ -615,7 +615,7 @@ class SAOEngine(engine_api.Engine):
     return state.replace(host_lengths=tuple(min(n + 1, cap) for n in lengths)), result
 
   def generate_steps(self, params, decode_state: DecodeState, num_steps: int,
-                     temperature: Optional[float] = None):
+                     temperature: Optional[float] = None, to_host: bool = True):
     """``num_steps`` decode steps for every slot in one compiled call (a ``lax.scan`` of the
     step ``generate`` runs, with the same key splits, so the same draws as ``num_steps`` calls of
     ``generate``). The caller reads the tokens on the host afterwards; a slot whose turn ended
@@ -624,7 +624,10 @@ class SAOEngine(engine_api.Engine):
     ``slot_prefix(..., length=, token=)`` + ``prefill`` + ``insert``, continue from it).
 
     Returns (new DecodeState, tokens int32 [slots, num_steps], logprobs float32 [slots,
-    num_steps]) as NumPy arrays. Raises ValueError for num_steps < 1."""
+    num_steps]) as NumPy arrays; with ``to_host=False`` the tokens and log-probs stay device
+    arrays and the call returns once dispatched (JAX runs it asynchronously; the host-side
+    ``host_lengths`` are already advanced), so the caller can work while it decodes
+    (``RolloutWorker(overlap_host=True)``). Raises ValueError for num_steps < 1."""
     if num_steps < 1:
       raise ValueError(f"generate_steps num_steps={num_steps} must be >= 1 (rollout.decode_steps)")
     temp = np.float32(self.temperature if temperature is None else temperature)
@@ -642,7 +645,8 @@ class SAOEngine(engine_api.Engine):
                                                       num_steps=num_steps)
     cap = self.cfg.max_seq_len
     state = state.replace(host_lengths=tuple(min(n + num_steps, cap) for n in lengths))
-    tokens, logprobs = jax.device_get((tokens, logprobs))
+    if to_host:
+      tokens, logprobs = jax.device_get((tokens, logprobs))
     return state, tokens, logprobs
 
   def prefill_insert(self, params, decode_state: DecodeState, slots, prompts,

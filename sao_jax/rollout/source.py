@@ -59,7 +59,7 @@ class ThreadSource:
     synchronous: the grpo_sync barrier (batch n+1 admitted only after step n is published).
     queue_size: bound of the trajectory queue (back-pressure on the worker).
     staleness_policy / max_staleness: ``rollout.staleness`` policy and eta.
-    kv_on_update, env_workers, seed: as ``RolloutWorker``.
+    kv_on_update, env_workers, seed, decode_steps, overlap_host: as ``RolloutWorker``.
     lockstep: deterministic synchronous rollout per step (no thread; groups of
       ``group_size`` rollouts of one prompt are sampled side by side).
     lockstep_delay: d >= 0, lockstep only: the batch trained at version v is sampled with the
@@ -78,7 +78,7 @@ class ThreadSource:
                staleness_policy: str = "none", max_staleness: int = -1,
                kv_on_update: str = "keep", env_workers: int = 0, seed: int = 0,
                lockstep: bool = False, lockstep_delay: int = 0, run_dir: str = "",
-               stop_strings=(), decode_steps: int = 1):
+               stop_strings=(), decode_steps: int = 1, overlap_host: bool = False):
     if lockstep_delay and not lockstep or lockstep_delay < 0:
       raise ValueError(f"rollout.lockstep_delay={lockstep_delay} needs rollout.lockstep=True and "
                        "must be >= 0; set rollout.lockstep=True or rollout.lockstep_delay=0.")
@@ -92,7 +92,8 @@ class ThreadSource:
     self.group_size, self.batch_size = group_size, batch_size
     self.lockstep, self.seed, self.temperature = lockstep, seed, temperature
     self._gen = dict(stop_ids=stop_ids, max_new_tokens=max_new_tokens, max_seq_len=max_seq_len,
-                     stop_strings=tuple(stop_strings), decode_steps=int(decode_steps))
+                     stop_strings=tuple(stop_strings), decode_steps=int(decode_steps),
+                     overlap_host=bool(overlap_host))
     self.weights = WeightStore(params, version=version)
     self.queue = TrajectoryQueue(queue_size)
     self.stop = threading.Event()
@@ -165,6 +166,7 @@ class ThreadSource:
             "rollout_trajectories": float(s.trajectories), "rollout_idle_s": s.idle_s,
             "rollout_generate_steps": float(s.generate_steps),
             "rollout_tokens_discarded": float(s.tokens_discarded),
+            "rollout_overlapped_calls": float(s.overlapped_calls),
             "rollout_slot_occupancy": s.decode_slot_steps / max(1, s.generate_steps * slots),
             "env_errors_total": float(s.env_errors), **self.assembler.metrics()}
 

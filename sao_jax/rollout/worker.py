@@ -37,6 +37,24 @@ JetStream engine other than ``SAOEngine`` has its slot's cache set aside first
 (``engine.slot_prefix``), since its decode step need not write by position. Which generate step
 a slot rejoins at depends on thread timing, so sampling is no longer reproducible bit for bit.
 ``rollout.env_workers`` (config) chooses; see ``env_workers_for``.
+
+Host reads overlapped with decoding (``overlap_host``, ``rollout.overlap_host``; ``SAOEngine``
+only): by default each loop iteration dispatches a ``generate_steps`` call and waits for its
+tokens, so the device idles while Python routes them and Python idles while the device decodes.
+With ``overlap_host=True`` the iteration dispatches call N+1 (JAX dispatch is asynchronous: its
+tokens stay device arrays) before it reads call N's tokens and routes them; then only prefills
+(admissions, observations), whose first tokens the host needs at once, wait on the device. Call
+N+1 was dispatched before the host saw call N's tokens, so a slot whose turn ends in call N, or
+that is freed, admitted or prefilled after N+1's dispatch, decodes in N+1 from a state that is
+no longer its own: each slot carries an epoch, bumped by every such host-side change, and a
+call's tokens for a slot whose epoch moved since the call's dispatch are discarded
+(``stats.tokens_discarded``), as are the tokens a slot decodes past the end of its turn inside
+one call; the slot's KV entries past its true length are overwritten by its next prefill
+(``starts=``). A weight update first reads the call in flight (its tokens belong to the weights
+that sampled them); ``close`` drops it (a stopped run abandons its running slots either way).
+The draws of the sampler differ from the default's at temperature > 0 (the decode key advances
+per step, and a slot rejoins one call later after each turn), so overlap changes which tokens
+are sampled, not how: every recorded log-prob is still that of the sampled token.
 """
 
 from __future__ import annotations
@@ -134,6 +152,18 @@ class _PendingEnv:
 
 
 @dataclasses.dataclass
+class _Call:
+  """A dispatched decode call (``RolloutWorker._dispatch``) whose tokens the host has not read.
+
+  tokens / logprobs: int32 / float32 [slots, decode_steps] (device arrays until read); decoding:
+  the slots that decoded their turn in it; epochs: every slot's epoch at dispatch."""
+  tokens: object
+  logprobs: object
+  decoding: list
+  epochs: tuple
+
+
+@dataclasses.dataclass
 class WorkerStats:
   """Counters of one worker (seconds are wall-clock, cumulative).
 
@@ -146,7 +176,9 @@ class WorkerStats:
   their env (slot occupancy = decode_slot_steps / (generate_steps * slots); the decode step
   computes every slot, so the rest, plus ``tokens_discarded``, is idle work);
   prefill_calls: engine prefill calls (one per batch of prompts / observations with
-  ``SAOEngine``)."""
+  ``SAOEngine``); overlapped_calls: decode calls dispatched while the previous call's tokens were
+  not yet read (``overlap_host``; generate_s then counts the dispatch and the wait for the
+  tokens, not the device time hidden behind the host's work)."""
   generate_steps: int = 0
   generate_s: float = 0.0
   prefill_s: float = 0.0
@@ -164,6 +196,7 @@ class WorkerStats:
   admission_waits: int = 0
   tokens_discarded: int = 0  # decoded past a turn's end within a generate_steps call
   prefill_calls: int = 0
+  overlapped_calls: int = 0
 
 
 class RolloutWorker:
@@ -191,9 +224,11 @@ class RolloutWorker:
       the tokens, checks stops and routes turns once per call. A slot whose turn ends part-way
       discards the rest of the call's tokens for it (``stats.tokens_discarded``); weights are
       picked up between calls. 1 = one token per call.
+    overlap_host: dispatch the next decode call before reading the previous one's tokens
+      (module doc; ``SAOEngine`` only). False = read each call's tokens before the next.
 
-  Raises ValueError for an unknown ``kv_on_update``, ``env_workers < 0``, ``decode_steps < 1`` or
-  an empty stop string.
+  Raises ValueError for an unknown ``kv_on_update``, ``env_workers < 0``, ``decode_steps < 1``,
+  an empty stop string, or ``overlap_host`` with an engine that has only the JetStream API.
   """
 
   def __init__(self, engine: SAOEngine, env, problems: Iterator, sink: Callable[[Trajectory], bool],
@@ -201,7 +236,7 @@ class RolloutWorker:
                temperature: Optional[float] = None, seed: int = 0, kv_on_update: str = "keep",
                stop_strings=(), max_turns: Optional[int] = None,
                admission: Optional[AdmissionControl] = None, env_workers: int = 0,
-               decode_steps: int = 1):
+               decode_steps: int = 1, overlap_host: bool = False):
     if kv_on_update not in ("keep", "recompute"):
       raise ValueError(f"rollout.kv_on_update={kv_on_update!r}; use 'keep' or 'recompute'.")
     if env_workers < 0:
@@ -216,6 +251,10 @@ class RolloutWorker:
     if not self._batched and self.decode_steps != 1:
       raise ValueError(f"rollout.decode_steps={decode_steps} needs an engine with generate_steps "
                        f"(SAOEngine); {type(engine).__name__} has only the JetStream API: use 1.")
+    self.overlap_host = bool(overlap_host)
+    if not self._batched and self.overlap_host:
+      raise ValueError(f"rollout.overlap_host=True needs an engine with generate_steps (SAOEngine);"
+                       f" {type(engine).__name__} has only the JetStream API: use False.")
     self.kv_on_update = kv_on_update
     self.stop_strings = tuple(stop_strings)
     if any(not isinstance(x, str) or not x for x in self.stop_strings):
@@ -243,6 +282,10 @@ class RolloutWorker:
     self._observations: list[tuple[int, list, int]] = []
     self._stats_lock = threading.Lock()
     self._sink_since: Optional[float] = None  # perf_counter when a sink call (queue.put) began
+    # per slot, bumped by every host-side change (turn end, admission, prefill, free): a decode
+    # call's tokens for a slot count only while its epoch is the one captured at dispatch
+    self._epoch = [0] * len(self.slots)
+    self._inflight: Optional[_Call] = None  # overlap_host: the call dispatched, not yet read
 
   # ---- helpers ----------------------------------------------------------------------------------
   def _prefill(self, ids, prefix=None):
@@ -326,6 +369,7 @@ class RolloutWorker:
         logprobs.append(float(prefix.logprob))
     for (i, slot), token, logprob in zip(admitted, tokens, logprobs):
       self.slots[i] = slot
+      self._epoch[i] += 1
       self._on_token(i, int(token), float(logprob))
     self._prefill_observations()
     return len(admitted)
@@ -349,6 +393,7 @@ class RolloutWorker:
       by_string = ended = s.text.ends(s.tokens)
     if not (ended or turn_len >= self.max_new_tokens or len(s.tokens) >= self.max_seq_len):
       return True
+    self._epoch[i] += 1  # tokens of a decode call already dispatched are past the turn's end
     if self._env_pool is not None:  # off the decode loop: the other slots keep decoding
       # SAOEngine: the slot's cache stays in the decode state (idle decoding writes only past its
       # true length, which the observation's prefill overwrites); others: set it aside
@@ -460,11 +505,13 @@ class RolloutWorker:
       tokens, logprobs = self._prefill_insert([i for i, _, _ in queue], [c for _, c, _ in queue],
                                               starts=[start for _, _, start in queue])
       for (i, _, _), token, logprob in zip(queue, tokens, logprobs):
+        self._epoch[i] += 1
         self._on_token(i, int(token), float(logprob))
 
   def _finish(self, i: int, reward: float, truncated: bool, info: dict) -> None:
     s = self.slots[i]
     self.slots[i] = None
+    self._epoch[i] += 1
     end = getattr(self.env, "end_episode", None)
     if end is not None:  # frees the episode's state (a workspace folder)
       end(s.problem)
@@ -516,6 +563,9 @@ class RolloutWorker:
     """Picks up the newest published weights (between generate steps / before a new prompt)."""
     newer = self.weights.latest_if_newer(self.version)
     if newer is not None:
+      if self._inflight is not None:  # its tokens were sampled by the weights in use: read first
+        call, self._inflight = self._inflight, None
+        self._read(call)
       self.params, self.version = newer
       self.stats.weight_updates += 1
       if self.kv_on_update == "recompute":
@@ -532,6 +582,10 @@ class RolloutWorker:
         break
     decoding = [i for i, s in enumerate(self.slots) if s is not None and i not in self._pending]
     if not decoding:
+      if self._inflight is not None:  # overlap: its tokens can end turns and free slots
+        call, self._inflight = self._inflight, None
+        self._read(call)
+        return True
       if self._pending:  # every running slot waits on its env.step
         self._collect_env(block=True)
         return True
@@ -539,11 +593,26 @@ class RolloutWorker:
         time.sleep(0.002)
         self.stats.idle_s += 0.002
       return not self.exhausted
+    call = self._dispatch(decoding)
+    if not self.overlap_host:
+      self._read(call)
+      return True
+    previous, self._inflight = self._inflight, call
+    if previous is not None:  # call N+1 decodes while the host routes call N's tokens
+      self.stats.overlapped_calls += 1
+      self._read(previous)
+    return True
+
+  def _dispatch(self, decoding: list) -> _Call:
+    """Runs one decode call (``decode_steps`` steps) for every slot on the current params;
+    ``decoding``: the slots decoding their turn. With ``overlap_host`` it returns once the call
+    is dispatched, its tokens still on the device."""
     t0 = time.perf_counter()
     n = self.decode_steps
     if self._batched:
+      kwargs = {"to_host": False} if self.overlap_host else {}
       self.state, tokens, logprobs = self.engine.generate_steps(self.params, self.state, n,
-                                                                self.temperature)
+                                                                self.temperature, **kwargs)
     else:
       self.state, result = self.engine.generate(self.params, self.state, self.temperature)
       tokens, logprobs = np.asarray(result.data)[:, :1], np.asarray(result.logprobs)[:, :1]
@@ -551,13 +620,25 @@ class RolloutWorker:
     self.stats.generate_steps += n
     self.stats.decode_slot_steps += n * len(decoding)
     self.stats.env_slot_steps += n * len(self._pending)
-    for i in decoding:
+    return _Call(tokens, logprobs, decoding, tuple(self._epoch))
+
+  def _read(self, call: _Call) -> None:
+    """Reads ``call``'s tokens on the host (waiting for the device) and routes each decoding
+    slot's to its trajectory, up to the end of its turn; a slot whose epoch moved since the
+    dispatch has all of them discarded. Then prefills the observations of the turns answered."""
+    t0 = time.perf_counter()
+    tokens, logprobs = np.asarray(call.tokens), np.asarray(call.logprobs)
+    self.stats.generate_s += time.perf_counter() - t0
+    n = tokens.shape[1]
+    for i in call.decoding:
+      if self._epoch[i] != call.epochs[i]:  # changed on the host after the dispatch (overlap)
+        self.stats.tokens_discarded += n
+        continue
       for j in range(n):
         if not self._on_token(i, int(tokens[i, j]), float(logprobs[i, j])):
           self.stats.tokens_discarded += n - 1 - j
           break
     self._prefill_observations()
-    return True
 
   def run(self, stop: Optional[threading.Event] = None) -> None:
     """Loops until the problems are exhausted and every slot drained, or ``stop`` is set."""
@@ -572,7 +653,10 @@ class RolloutWorker:
       self.close()
 
   def close(self) -> None:
-    """Stops the env-step pool (in-flight steps are abandoned; their threads end on their own)."""
+    """Stops the env-step pool (in-flight steps are abandoned; their threads end on their own)
+    and drops an unread decode call (``overlap_host``: its slots' trajectories are abandoned
+    with the run, as without overlap)."""
+    self._inflight = None
     if self._env_pool is not None:
       self._env_pool.shutdown(wait=False, cancel_futures=True)
 
@@ -596,9 +680,10 @@ def env_workers_for(config) -> int:
 def generate_trajectories(engine: SAOEngine, env, params, problems, *, stop_ids,
                           max_new_tokens: int, max_seq_len: int, temperature: float,
                           version: int = 0, seed: int = 0, stop_strings=(),
-                          env_workers: int = 0, decode_steps: int = 1) -> list[Trajectory]:
+                          env_workers: int = 0, decode_steps: int = 1,
+                          overlap_host: bool = False) -> list[Trajectory]:
   """Synchronously rolls out every problem once (e.g. greedy evaluation, temperature=0);
-  ``decode_steps``: ``RolloutWorker``'s.
+  ``decode_steps``, ``overlap_host``: ``RolloutWorker``'s.
 
   Returns the trajectories in the order of ``problems``."""
   out: list[Trajectory] = []
@@ -606,7 +691,8 @@ def generate_trajectories(engine: SAOEngine, env, params, problems, *, stop_ids,
                          WeightStore(params, version), stop_ids=stop_ids,
                          max_new_tokens=max_new_tokens, max_seq_len=max_seq_len,
                          temperature=temperature, seed=seed, stop_strings=stop_strings,
-                         env_workers=env_workers, decode_steps=decode_steps)
+                         env_workers=env_workers, decode_steps=decode_steps,
+                         overlap_host=overlap_host)
   worker.run()
   order = {getattr(p, "id", i): i for i, p in enumerate(problems)}
   return sorted(out, key=lambda t: order.get(t.problem_id, 0))

@@ -132,7 +132,11 @@ METRICS: dict[str, MetricDef] = {
                                  "engine call)"),
     "rollout_tokens_discarded": _m("tokens", "throughput", "cumulative tokens decoded past the "
                                    "end of a turn within one engine call and thrown away "
-                                   "(`rollout.decode_steps` > 1)"),
+                                   "(`rollout.decode_steps` > 1), or in a call dispatched "
+                                   "before the turn ended (`rollout.overlap_host`)"),
+    "rollout_overlapped_calls": _m("calls", "throughput", "cumulative engine decode calls "
+                                   "dispatched before the host read the previous call's tokens "
+                                   "(`rollout.overlap_host`)"),
     "rollout_slot_occupancy": _m("fraction", "throughput", "decoding slots / all slots, averaged "
                                  "over the generate steps since the start (slots that wait on "
                                  "their env or are empty do not count)"),
