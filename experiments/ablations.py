@@ -118,8 +118,4 @@ final accuracy is more than 2 seed std, at least 0.02, below SAO's).
 
 
 if __name__ == "__main__":
-  args = common.common_argparser(__doc__).parse_args()
-  try:
-    run(args.quick, args.out_dir, report_only=args.report_only)
-  except FileNotFoundError as e:  # --report_only before any run: say so, no traceback
-    sys.exit(f"error: {e}")
+  common.main(__doc__, run)

@@ -322,6 +322,17 @@ def common_argparser(doc: str):
   return p
 
 
+def main(doc: str, run) -> None:
+  """An experiment script's command line (``common_argparser``): calls ``run(quick, out_dir,
+  report_only=)``; a missing CSV (``--report_only`` before any run) or a CSV of another setting
+  exits with the message, no traceback."""
+  args = common_argparser(doc).parse_args()
+  try:
+    run(args.quick, args.out_dir, report_only=args.report_only)
+  except (FileNotFoundError, ValueError) as e:
+    sys.exit(f"error: {e}")
+
+
 def per_run_final(rows: list[dict], metric: str) -> dict:
   """``{(arm, seed): value at the largest step}`` of ``metric``."""
   out: dict = {}

@@ -116,8 +116,4 @@ otherwise no difference shown).
 
 
 if __name__ == "__main__":
-  args = common.common_argparser(__doc__).parse_args()
-  try:
-    run(args.quick, args.out_dir, report_only=args.report_only)
-  except (FileNotFoundError, ValueError) as e:  # no CSV yet / a CSV of another setting
-    sys.exit(f"error: {e}")
+  common.main(__doc__, run)

@@ -195,8 +195,4 @@ task's runs are in the section `arith_online_style`.)
 
 
 if __name__ == "__main__":
-  args = common.common_argparser(__doc__).parse_args()
-  try:
-    run(args.quick, args.out_dir, report_only=args.report_only)
-  except FileNotFoundError as e:  # --report_only before any run: say so, no traceback
-    sys.exit(f"error: {e}")
+  common.main(__doc__, run)

@@ -166,8 +166,4 @@ evals in a row below half the best so far.
 
 
 if __name__ == "__main__":
-  args = common.common_argparser(__doc__).parse_args()
-  try:
-    run(args.quick, args.out_dir, report_only=args.report_only)
-  except FileNotFoundError as e:  # --report_only before any run: say so, no traceback
-    sys.exit(f"error: {e}")
+  common.main(__doc__, run)
