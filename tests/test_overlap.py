@@ -55,7 +55,8 @@ def _full_logprobs(graphdef, params, trajs):
   return [full[b, :len(traj.tokens)] for b, traj in enumerate(trajs)]
 
 
-@pytest.mark.parametrize("decode_steps,env_workers", [(1, 0), (4, 0), (4, 2)])
+@pytest.mark.parametrize("decode_steps,env_workers", [
+    (1, 0), pytest.param(4, 0, marks=pytest.mark.slow), (4, 2)])
 def test_overlapped_rollout_logprobs_match_a_full_forward(decode_steps, env_workers):
   graphdef, params, engine = _setup()
   trajs, worker = _rollout(engine, params, overlap=True, decode_steps=decode_steps,
@@ -69,6 +70,7 @@ def test_overlapped_rollout_logprobs_match_a_full_forward(decode_steps, env_work
     np.testing.assert_allclose(traj.logprobs[mask], full[mask], atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kv_on_update", ["keep", "recompute"])
 def test_overlapped_rollout_across_a_weight_update(kv_on_update):
   """A weight update mid-run reads the call in flight first: every token is labelled with the
@@ -104,6 +106,7 @@ def test_overlapped_rollout_across_a_weight_update(kv_on_update):
   assert seen == {0, 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("decode_steps", [1, 4])
 def test_greedy_overlap_gives_the_default_tokens(decode_steps):
   """At temperature 0 no key is used, and a slot's tokens depend only on its own sequence, so
