@@ -2,7 +2,13 @@
 
 import dataclasses
 
-from sao_jax.models.transformer import ModelConfig
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from sao_jax.models.transformer import ModelConfig, default_positions
+from sao_jax.train.steps import token_logprobs
 
 CFG = ModelConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                   d_ff=64, max_seq_len=64)
@@ -159,3 +165,15 @@ class ScriptedActor:
 
   def stop(self) -> None:
     pass
+
+
+def full_logprobs(graphdef, params, trajs, temperature: float) -> list:
+  """Per trajectory, the log-prob (at ``temperature``) of every token under one jitted causal
+  forward pass over all ``trajs``, right-padded to ``CFG.max_seq_len``: float32 [len(tokens)]."""
+  padded = np.zeros((len(trajs), CFG.max_seq_len), np.int32)
+  for b, traj in enumerate(trajs):
+    padded[b, :len(traj.tokens)] = traj.tokens
+  fwd = jax.jit(lambda p, t: token_logprobs(
+      nnx.merge(graphdef, p)(t, default_positions(t))[0], t, temperature))
+  full = np.asarray(fwd(params, jnp.asarray(padded)))
+  return [full[b, :len(traj.tokens)] for b, traj in enumerate(trajs)]

@@ -4,18 +4,16 @@ every problem yields one trajectory, the calls really overlapped, and greedy rol
 tokens of the default (non-overlapped) loop."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from sao_jax.models.transformer import Transformer, default_positions
+from sao_jax.models.transformer import Transformer
 from sao_jax.rollout.engine import SAOEngine
 from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.worker import RolloutWorker
-from sao_jax.train.steps import token_logprobs
 
-from rollout_fixtures import CFG, EchoEnv, P, Tok  # noqa: E402  (tests/ is on sys.path)
+from rollout_fixtures import CFG, EchoEnv, P, Tok, full_logprobs  # noqa: E402  (tests/ is on sys.path)
 
 STOPS = tuple(range(2, CFG.vocab_size, 3))  # every third id: turns of a few tokens, ending mid-call
 T = 100.0  # sampling temperature: near-uniform, so turns end on stop tokens (-> an observation)
@@ -44,17 +42,6 @@ def _rollout(engine, params, *, overlap, decode_steps, temperature=T, env_worker
   return {t.problem_id: t for t in out}, worker
 
 
-def _full_logprobs(graphdef, params, trajs):
-  """Per trajectory, the full causal forward's log-prob of every token (temperature ``T``)."""
-  padded = np.zeros((len(trajs), CFG.max_seq_len), np.int32)
-  for b, traj in enumerate(trajs):
-    padded[b, :len(traj.tokens)] = traj.tokens
-  fwd = jax.jit(lambda p, t: token_logprobs(
-      nnx.merge(graphdef, p)(t, default_positions(t))[0], t, T))
-  full = np.asarray(fwd(params, jnp.asarray(padded)))
-  return [full[b, :len(traj.tokens)] for b, traj in enumerate(trajs)]
-
-
 @pytest.mark.parametrize("decode_steps,env_workers", [
     (1, 0), pytest.param(4, 0, marks=pytest.mark.slow), (4, 2)])
 def test_overlapped_rollout_logprobs_match_a_full_forward(decode_steps, env_workers):
@@ -65,7 +52,7 @@ def test_overlapped_rollout_logprobs_match_a_full_forward(decode_steps, env_work
   assert worker.stats.tokens_discarded > 0  # slots decoded in a call dispatched past their turn
   trajs = list(trajs.values())
   assert sum(t.num_turns == 2 for t in trajs) >= 3  # observations prefilled mid-run
-  for traj, full in zip(trajs, _full_logprobs(graphdef, params, trajs)):
+  for traj, full in zip(trajs, full_logprobs(graphdef, params, trajs, T)):
     mask = traj.action_mask > 0
     np.testing.assert_allclose(traj.logprobs[mask], full[mask], atol=1e-5)
 
@@ -90,8 +77,8 @@ def test_overlapped_rollout_across_a_weight_update(kv_on_update):
   worker.run()
   assert sorted(t.problem_id for t in out) == sorted(p.id for p in PROBLEMS)
   assert worker.stats.weight_updates == 1
-  full_old = _full_logprobs(graphdef, params, out)
-  full_new = _full_logprobs(graphdef, params2, out)
+  full_old = full_logprobs(graphdef, params, out, T)
+  full_new = full_logprobs(graphdef, params2, out, T)
   seen = set()
   for traj, old, new in zip(out, full_old, full_new):
     mask = traj.action_mask > 0

@@ -17,7 +17,7 @@ from sao_jax.rollout.sync import WeightStore
 from sao_jax.rollout.worker import RolloutWorker
 from sao_jax.train.steps import token_logprobs
 
-from rollout_fixtures import CFG, EchoEnv, P, Tok  # noqa: E402  (tests/ is on sys.path)
+from rollout_fixtures import CFG, EchoEnv, P, Tok, full_logprobs  # noqa: E402  (tests/ is on sys.path)
 
 
 def _setup(slots=1, temperature=1.0):
@@ -214,16 +214,9 @@ def test_slow_tool_call_does_not_stop_other_slots_with_env_workers():
   slow = out[-1]
   obs = np.nonzero(slow.action_mask[4:] == 0)[0] + 4  # after the prompt: the observation
   assert slow.num_turns == 2 and slow.tokens[obs].tolist() == [6, 7, 8, 9]
-  # one jitted causal forward over all trajectories, right-padded to max_seq_len
-  padded = np.zeros((len(out), CFG.max_seq_len), np.int32)
-  for b, traj in enumerate(out):
-    padded[b, :len(traj.tokens)] = traj.tokens
-  fwd = jax.jit(lambda p, t: token_logprobs(
-      nnx.merge(graphdef, p)(t, default_positions(t))[0], t, SLOW_T))
-  full = np.asarray(fwd(params, jnp.asarray(padded)))
-  for b, traj in enumerate(out):
+  for traj, full in zip(out, full_logprobs(graphdef, params, out, SLOW_T)):
     mask = traj.action_mask > 0
-    np.testing.assert_allclose(traj.logprobs[mask], full[b, :len(traj.tokens)][mask], atol=1e-5)
+    np.testing.assert_allclose(traj.logprobs[mask], full[mask], atol=1e-5)
 
 
 @pytest.mark.slow
