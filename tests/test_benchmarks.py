@@ -1,10 +1,6 @@
 """The benchmark scripts' --quick modes run and produce well-formed results (no speed asserts).
-
-The scripts (and the pipeline's child processes) share a persistent JAX compilation cache across
-test sessions (``JAX_COMPILATION_CACHE_DIR``; default ``$TMPDIR/sao_jax_jit_cache_<uid>``,
-override with ``SAO_JAX_TEST_COMPILE_CACHE``; ``SAO_JAX_TEST_COMPILE_CACHE=off`` disables it):
-compilation is most of a quick run, and a warm cache skips it. Entries are keyed by the program,
-the jax/XLA version and the flags, so a stale entry is never reused for a different program."""
+The scripts (and the pipeline's child processes) use the session's compilation cache
+(tests/conftest.py)."""
 
 import json
 import os
@@ -20,21 +16,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
 
 
-def _cache_env() -> dict:
-  cache = os.environ.get("SAO_JAX_TEST_COMPILE_CACHE",
-                         os.path.join(tempfile.gettempdir(), f"sao_jax_jit_cache_{os.getuid()}"))
-  if cache == "off":
-    return {}
-  return {"JAX_COMPILATION_CACHE_DIR": cache,
-          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # cache every compiled program
-          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-
-
 def _run(script, tmp_path, *extra):
   out = tmp_path / "out.json"
   proc = subprocess.run([sys.executable, os.path.join(BENCH, script), "--quick", "--json",
                          str(out), *extra], capture_output=True, text=True, cwd=ROOT,
-                        check=False, timeout=600, env=dict(os.environ, **_cache_env()))
+                        check=False, timeout=600, env=dict(os.environ))
   assert proc.returncode == 0, proc.stderr[-3000:]
   return json.loads(out.read_text())
 

@@ -26,10 +26,8 @@ ARGS = ["--config=configs/arith_tool.py:smoke", "--config.sft.steps=0", "--confi
         "--config.train.critic_warmup_steps=0"]  # the ledger / batch counts are policy steps'
 
 
-def _run(run_dir, kill=None, cache=None, background=False):
-  env = dict(os.environ, PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=str(cache),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+def _run(run_dir, kill=None, background=False):
+  env = dict(os.environ, PYTHONUNBUFFERED="1")
   env.pop("SAO_FAULT_KILL", None)
   if kill:
     env["SAO_FAULT_KILL"] = kill
@@ -55,22 +53,16 @@ def _final_state(run_dir):
 
 
 @pytest.fixture(scope="module")
-def jax_cache(tmp_path_factory):
-  """One persistent compilation cache for every run of this module: the lockstep and the
-  asynchronous runs compile the same programs, so only the first run of the module compiles
-  (a cold run of this tiny model spends most of its time compiling)."""
-  return tmp_path_factory.mktemp("jaxcache")
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, jax_cache):
-  cache = jax_cache
+def runs(tmp_path_factory):
+  """The crash chain and an uninterrupted run. They (and the asynchronous runs below) compile the
+  same programs: after the first, each reads them from the session's compilation cache
+  (tests/conftest.py; a cold run of this tiny model spends most of its time compiling)."""
   ref = tmp_path_factory.mktemp("uninterrupted")
-  ref_proc = _run(ref, cache=cache, background=True)  # runs alongside the crash chain
+  ref_proc = _run(ref, background=True)  # runs alongside the crash chain
   crashed = tmp_path_factory.mktemp("crashed")
   log = []
   for kill in ("rollout:2", "train:3", "checkpoint:4", None):
-    proc = _run(crashed, kill=kill, cache=cache)
+    proc = _run(crashed, kill=kill)
     out = proc.stdout + proc.stderr
     resumed = [l for l in out.splitlines() if l.startswith("resuming from")]
     log.append((kill, proc.returncode, resumed[0].split()[-1] if resumed else None))
@@ -132,12 +124,12 @@ def jax_leaves(tree):
 
 # ---- an asynchronous run (no lockstep): the driver is SIGKILLed and resumed --------------------
 @pytest.mark.parametrize("backend", ["thread", "ray"])
-def test_killed_async_run_resumes_and_consumes_every_prompt_once(tmp_path, backend, jax_cache):
+def test_killed_async_run_resumes_and_consumes_every_prompt_once(tmp_path, backend):
   """Not bit-exact (asynchronous sampling), but exactly-once: the ledger of the resumed run has
   steps 1..4 once each, every trained prompt position once, and the checkpoint's cursor covers
   exactly those positions. With Ray, the killed driver's local cluster is cleaned up. Both
-  backends reuse the module's compilation cache (Ray's actors inherit it): after the lockstep
-  runs above they compile little."""
+  backends read the lockstep runs' programs from the session's compilation cache (Ray's actors
+  inherit it), so they compile little."""
   if backend == "ray":
     pytest.importorskip("ray")
   from test_ray_source import _ray_processes  # pylint: disable=import-outside-toplevel  (tests/ helper)
@@ -150,9 +142,7 @@ def test_killed_async_run_resumes_and_consumes_every_prompt_once(tmp_path, backe
   # Ray this test started is cleaned up after the SIGKILL, never another one on the machine
   ray_dir = tempfile.mkdtemp(prefix="sao_ray_", dir="/tmp")
   env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_TMPDIR=ray_dir,
-             JAX_COMPILATION_CACHE_DIR=str(jax_cache),
-             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-             JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+)
   env.pop("SAO_FAULT_KILL", None)
   try:
     # the thread run dies after step 3's update; the Ray run with half of step 3's batch in

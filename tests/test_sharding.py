@@ -49,18 +49,14 @@ TESTS = os.path.join(ROOT, "tests")
 TOL = 1e-5
 
 
-def _env(devices: int, cache=None) -> dict:
-  env = dict(os.environ, XLA_FLAGS=with_test_xla_flags(
+def _env(devices: int) -> dict:
+  return dict(os.environ, XLA_FLAGS=with_test_xla_flags(
       f"--xla_force_host_platform_device_count={devices}"),
-             TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
-  if cache:  # grpo_async / grpo_sync (and sao / vapo's critic) compile the same programs
-    env.update(JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-  return env
+              TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
 
 
-def _popen(args, devices, cache=None):
-  return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=_env(devices, cache),
+def _popen(args, devices):
+  return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=_env(devices),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -240,9 +236,9 @@ def eight_devices(tmp_path_factory):
   """The two 8-device workers, at once (2 cores): modes/layouts, and fields + checkpoint."""
   d = tmp_path_factory.mktemp("eight")
   procs = [_popen([os.path.join(TESTS, "sharding_worker.py"), "modes", str(d / "modes.json")],
-                  8, d / "cache_modes"),
+                  8),
            _popen([os.path.join(TESTS, "sharding_worker.py"), "fields", str(d / "fields.json"),
-                   str(d / "ck")], 8, d / "cache_fields")]
+                   str(d / "ck")], 8)]
   for p in procs:
     _wait(p)
   out = {}
