@@ -39,8 +39,18 @@ def test_improvement_is_not_flagged(tmp_path):
   report.finish(str(tmp_path), _summary(0.25, 0.5), stream=out)
   assert "WARNING" not in out.getvalue() and "DROPPED" not in out.getvalue()
   assert "greedy accuracy          25.0%       50.0%   +25.0 pts" in out.getvalue()
+  assert "  warm start   after SAO" in out.getvalue()  # no method given: SAO
   rows = _results(tmp_path)
   assert rows["accuracy_dropped"] == "False" and float(rows["accuracy_change_pts"]) == 25.0
+
+
+def test_the_table_names_the_method_that_trained(tmp_path):
+  out = io.StringIO()
+  report.finish(str(tmp_path), _summary(0.25, 0.5, method="grpo_async"), stream=out)
+  text = out.getvalue()
+  assert "  warm start  after grpo_async      change" in text and "SAO" not in text
+  assert "greedy accuracy          25.0%             50.0%   +25.0 pts" in text
+  assert _results(tmp_path)["method"] == "grpo_async"
 
 
 def test_drop_threshold_edges():

@@ -58,6 +58,7 @@ def run(config) -> dict[str, Any]:
   for line in warnings if distributed.is_main_process() else ():
     print(line, file=sys.stderr, flush=True)
   run_dir, tcfg = config.run_dir, config.train
+  method = "SAO" if tcfg.mode == "sao" else tcfg.mode  # the name the evaluation lines print
   resume_step, ckpt_dir = resume_lib.prepare_run_dir(config)
   task = tasks.make_task(config)
   # the learner's mesh (a checkpoint loads straight into it) and the rollout engine's
@@ -105,8 +106,9 @@ def run(config) -> dict[str, Any]:
   else:
     t0 = time.time()
     before = evaluate(publish(), task.eval_problems, 0)
-    print(f"eval before SAO: accuracy {before['accuracy']:.3f} tool_use {before['tool_use']:.3f} "
-          f"on {before['n']} problems ({time.time() - t0:.1f}s)", flush=True)
+    print(f"eval before {method}: accuracy {before['accuracy']:.3f} "
+          f"tool_use {before['tool_use']:.3f} on {before['n']} problems "
+          f"({time.time() - t0:.1f}s)", flush=True)
     before = {k: before[k] for k in ("accuracy", "tool_use", "n")}
 
   def save(step):
@@ -167,14 +169,15 @@ def run(config) -> dict[str, Any]:
 
   t0 = time.time()
   after = evaluate(publish(), task.eval_problems, version)
-  print(f"eval after SAO: accuracy {after['accuracy']:.3f} tool_use {after['tool_use']:.3f} "
+  print(f"eval after {method}: accuracy {after['accuracy']:.3f} tool_use {after['tool_use']:.3f} "
         f"({time.time() - t0:.1f}s); results in {run_dir}", flush=True)
   logger.log(tcfg.num_steps, {"eval_accuracy": after["accuracy"],
                               "eval_tool_use": after["tool_use"]}, prefix="final/")
   summary = {
       "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"],
       "tool_use_before": before["tool_use"], "tool_use_after": after["tool_use"],
-      "eval_problems": after["n"], "grader": task.grader, "policy_steps": tcfg.num_steps,
+      "eval_problems": after["n"], "grader": task.grader, "method": method,
+      "policy_steps": tcfg.num_steps,
       "trajectories_consumed": tcfg.batch_size * (tcfg.num_steps + warmup_steps),
       "env_errors": int(src["env_errors_total"]), "nonfinite_skipped": guard.total,
       "trajectories_generated": int(src["rollout_trajectories"]),

@@ -57,11 +57,12 @@ def _tokens(v) -> str:
 
 
 def print_table(summary: dict, stream: Optional[TextIO] = None) -> None:
-  """Prints the held-out evaluation table (warm start vs after SAO, greedy accuracy and tool
+  """Prints the held-out evaluation table (warm start vs after training, greedy accuracy and tool
   use, in %), the run's counters, the accuracy-drop WARNING line and the staleness-policy length
   line (module doc) to ``stream`` (default ``sys.stdout``). Needs the keys ``run`` puts in the
-  summary: ``accuracy_*``, ``tool_use_*``, ``eval_problems``, ``policy_steps``,
-  ``trajectories_consumed``, ``trajectories_generated``, ``staleness_max``, ``wall_s``."""
+  summary: ``method`` (the column's name: ``SAO`` or the mode), ``accuracy_*``, ``tool_use_*``,
+  ``eval_problems``, ``policy_steps``, ``trajectories_consumed``, ``trajectories_generated``,
+  ``staleness_max``, ``wall_s``."""
   out = stream or sys.stdout
   s = with_derived(summary)
   b, a = s["accuracy_before"], s["accuracy_after"]
@@ -70,9 +71,11 @@ def print_table(summary: dict, stream: Optional[TextIO] = None) -> None:
           ("tool use", f"{100 * tb:.1f}%", f"{100 * ta:.1f}%", f"{100 * (ta - tb):+.1f} pts")]
   print(f"\nHeld-out evaluation ({s['eval_problems']} problems, greedy, "
         f"{s.get('grader', 'math-verify')}):", file=out)
-  print(f"{'':18s}{'warm start':>12s}{'after SAO':>12s}{'change':>12s}", file=out)
+  after = "after " + s.get("method", "SAO")
+  w = max(12, len(after) + 2)  # the after column's width
+  print(f"{'':18s}{'warm start':>12s}{after:>{w}s}{'change':>12s}", file=out)
   for r in rows:
-    print(f"{r[0]:18s}{r[1]:>12s}{r[2]:>12s}{r[3]:>12s}", file=out)
+    print(f"{r[0]:18s}{r[1]:>12s}{r[2]:>{w}s}{r[3]:>12s}", file=out)
   print(f"policy steps {s['policy_steps']}, trajectories consumed "
         f"{s['trajectories_consumed']} / generated {s['trajectories_generated']}, "
         f"max staleness {s['staleness_max']:.0f}, wall {s['wall_s']:.0f}s", file=out)
