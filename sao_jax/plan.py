@@ -175,12 +175,13 @@ def model_config(config, model: str = "", layers: int = 0):
   from sao_jax.models import hf, presets  # pylint: disable=import-outside-toplevel
   from sao_jax.data.tokenizer import CharTokenizer  # pylint: disable=import-outside-toplevel
   m = _run(config).model
-  kw = dict(max_seq_len=m.max_seq_len, dtype=m.dtype, param_dtype=m.param_dtype,
-            **pretrained.execution_fields(m))
+  kw = dict(max_seq_len=m.max_seq_len, dtype=m.dtype, param_dtype=m.param_dtype)
   if model:
-    mcfg = presets.get_preset(model, **kw)
-  elif pretrained.source(m) == "hf":
-    mcfg = hf.config_from_hf(hf.read_hf_config(pretrained.checkpoint_dir(m)), **kw)
+    mcfg = presets.get_preset(model, **kw, **pretrained.execution_fields(m))
+  elif pretrained.source(m) == "hf":  # as pretrained.load_model: execution fields after
+    mcfg = dataclasses.replace(
+        hf.config_from_hf(hf.read_hf_config(pretrained.checkpoint_dir(m)), **kw),
+        **pretrained.execution_fields(m))
   elif pretrained.source(m) == "gguf":
     raise ValueError("--model is needed with model.gguf (the plan reads no GGUF file): give a "
                      "preset name from sao_jax/models/presets.py, e.g. --model=smollm2-135m.")

@@ -294,16 +294,24 @@ def test_chip_bytes_counts_one_chips_shard_and_key_arrays():
   assert plan.chip_bytes(tree) == 4 * 6 * 2 + 8
 
 
-@pytest.mark.parametrize("model", ["qwen3-0.6b", ""])
-def test_the_planned_model_runs_as_the_config_says(model):
-  """``model.remat`` and ``model.scan_layers`` reach the planned ``ModelConfig`` for a preset as
-  for the config's own model (they decide the training forward's memory, so a plan without
-  them measures another program); lengths and dtypes come from the config too."""
+@pytest.mark.parametrize("model", ["qwen3-0.6b", "", "hf"])
+def test_the_planned_model_runs_as_the_config_says(model, tmp_path):
+  """``model.remat`` and ``model.scan_layers`` reach the planned ``ModelConfig`` for a preset, a
+  Hugging Face folder (``model.checkpoint_dir``; only its ``config.json`` is read) and the
+  config's own model (they decide the training forward's memory, so a plan without them
+  measures another program); lengths and dtypes come from the config too."""
+  from sao_jax.models import hf, presets  # pylint: disable=import-outside-toplevel
   c = configs.load("aime", "smoke")
   c.model.remat, c.model.scan_layers, c.model.max_seq_len = "block", True, 1024
+  if model == "hf":
+    with open(tmp_path / "config.json", "w", encoding="utf-8") as f:
+      json.dump(hf.config_to_hf(presets.get_preset("smollm2-135m")), f)
+    c.model.checkpoint_dir, model = str(tmp_path), ""
   mcfg = plan.model_config(c, model=model)
   assert (mcfg.remat, mcfg.scan_layers, mcfg.max_seq_len) == ("block", True, 1024)
   assert mcfg.dtype == c.model.dtype
+  if c.model.checkpoint_dir:
+    assert (mcfg.n_layers, mcfg.d_model, mcfg.vocab_size) == (30, 576, 49152)
 
 
 def test_routed_moe_flops_count_the_routed_experts_only():
