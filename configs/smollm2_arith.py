@@ -10,7 +10,8 @@ Short prompts (<= 59 tokens) and responses (<= 32 tokens) keep a policy step che
 far above the paper's 1e-6 (which is for a 30B model). `:smoke` = two SAO steps, 4 eval
 problems (a wiring check with the real model, not seconds: it compiles the 135M train step).
 The plot: `python benchmarks/plot_smollm2_arith.py`.
-`:accelerator` = the same run sized for one GPU / TPU host (batch 128, 60 steps; not run yet).
+`:accelerator` = the same run sized for one GPU / TPU host (batch 128, 60 steps); its speed and
+memory on one H200 (random weights of this shape): benchmarks/RESULTS.md section 8.
 """
 
 import ml_collections
@@ -64,8 +65,9 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.mesh.tokens_per_device = 0
     c.eval.every_steps, c.checkpoint.every_steps = 0, 0
   elif variant == "accelerator":
-    # One GPU / TPU host (issue 17 item 5). NOT RUN: no accelerator was lent to the session that
-    # wrote it, so these numbers are a sizing, not a result. Full batches (no micro-batching),
+    # One GPU / TPU host (issue 17 item 5). Run on one H200 with random weights of this shape
+    # only (benchmarks/RESULTS.md section 8; learning not measured). Full batches (no
+    # micro-batching),
     # the paper's 32 x 4 = 128 trajectories per step, value pre-training on, a small KL to the
     # start (the CPU run drifted after step 10 without one), eval on all 200 every 5 steps.
     c.run_dir = "runs/smollm2_arith_accelerator"
