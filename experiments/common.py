@@ -99,17 +99,25 @@ def read_rows(csv_path: str) -> list[dict]:
 def _resume_point(csv_path: str, setting: dict) -> set:
   """The ``(arm, seed)`` runs already finished in ``csv_path`` (those with a ``final_accuracy``
   row), after checking that the CSV was written with the same ``setting`` (its
-  ``.settings.json`` beside it; written here for a new CSV). Raises ValueError naming the
-  changed keys when it was not."""
+  ``.settings.json`` beside it; written here for a new CSV). ``setting["arms"]`` maps each arm to
+  its overrides: an arm added to a study keeps the other arms' finished runs (the stored setting
+  then lists it too), an arm left out is only not run now. Raises ValueError naming the changed
+  keys (``base``, ``quick``, or ``arms.<name>`` for an arm whose overrides changed)."""
   settings_path = csv_path[:-len(".csv")] + ".settings.json"
   setting = json.loads(json.dumps(setting, sort_keys=True, default=str))
   if os.path.exists(csv_path) and os.path.exists(settings_path):
     with open(settings_path, encoding="utf-8") as f:
       stored = json.load(f)
-    if stored != setting:
-      changed = sorted(k for k in set(stored) | set(setting) if stored.get(k) != setting.get(k))
+    keys = (set(stored) | set(setting)) - {"arms"}
+    changed = sorted(k for k in keys if stored.get(k) != setting.get(k))
+    old_arms, arms = stored.get("arms", {}), setting.get("arms", {})
+    changed += sorted(f"arms.{a}" for a in set(old_arms) & set(arms) if old_arms[a] != arms[a])
+    if changed:
       raise ValueError(f"{csv_path} holds runs of another setting (changed: {changed}); delete it "
                        f"and {settings_path} to start this study over.")
+    if set(arms) - set(old_arms):  # new arms: record them beside the finished ones
+      with open(settings_path, "w", encoding="utf-8") as f:
+        json.dump(dict(stored, arms={**old_arms, **arms}), f, indent=1, sort_keys=True)
     return {(r["arm"], r["seed"]) for r in read_rows(csv_path) if r["metric"] == "final_accuracy"}
   if os.path.exists(csv_path):  # a CSV from before settings were recorded: not trusted
     os.remove(csv_path)

@@ -1,4 +1,4 @@
-"""Shared settings of the training-based claims (stability, ablations, value overshoot, online
+"""Shared settings of the training-based claims (stability, ablations, the stress cell, online
 learning): the task, the full and quick settings, the staleness cells -- fixed here before any
 run (issue 16).
 

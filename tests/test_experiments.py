@@ -149,11 +149,11 @@ def test_throughput_quick(tmp_path):
 @pytest.mark.slow
 def test_training_experiments_quick(tmp_path):
   """stability (both arms at a fixed delay of 2), ablations (the running-mean arm, 12 steps on
-  a pool of 32 prompts at batch 8), overshoot (one remedy), online, long_horizon (sao and
+  a pool of 32 prompts at batch 8), stress (one remedy), online, long_horizon (sao and
   grpo_dis at 2 steps, delay 4): the tiny model, in one subprocess."""
   code = ("import sys; sys.path.insert(0, 'experiments'); import stability, ablations, "
-          f"overshoot, online_style, long_horizon; out = {str(tmp_path)!r}; "
-          "stability.run(True, out); ablations.run(True, out); overshoot.run(True, out); "
+          f"stress, online_style, long_horizon; out = {str(tmp_path)!r}; "
+          "stability.run(True, out); ablations.run(True, out); stress.run(True, out); "
           "online_style.run(True, out); long_horizon.run(True, out)")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                         timeout=900, check=False)
@@ -171,7 +171,7 @@ def test_training_experiments_quick(tmp_path):
   window = [r["value"] for r in rows
             if r["metric"] == "baseline_nonempty_fraction" and r["step"] > 10]
   assert len(window) == 2 and min(window) >= 0.9, window
-  rows = _check_outputs(out, "overshoot", ["value_bounds"], ["final_accuracy", "value_mean"])
+  rows = _check_outputs(out, "stress", ["value_bounds"], ["final_accuracy", "value_mean"])
   assert all(r["value"] <= 1.0 + 1e-6 for r in rows if r["metric"] == "value_max")
   _check_outputs(out, "online_style", ["running_mean_128"], ["reward_mean"], 0.0, 1.0)
   md = open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read()
@@ -231,8 +231,9 @@ def test_paired_test_hand_worked():
 
 def test_study_resumes_from_its_csv_and_refuses_another_setting(tmp_path):
   """The CSV is the study's checkpoint: finished (arm, seed) runs are skipped on a rerun of the
-  same setting; a changed setting raises naming what changed; a run cut short (no
-  final_accuracy row) is not counted as finished."""
+  same setting; a changed setting (or one arm's changed overrides) raises naming what changed;
+  an arm added later keeps the finished runs; a run cut short (no final_accuracy row) is not
+  counted as finished."""
   csv_path = str(tmp_path / "x.csv")
   setting = {"quick": False, "base": {"train.num_steps": 5}, "arms": {"a": {}, "b": {"k": 1}}}
   assert common._resume_point(csv_path, setting) == set()
@@ -242,6 +243,15 @@ def test_study_resumes_from_its_csv_and_refuses_another_setting(tmp_path):
   assert common._resume_point(csv_path, setting) == {("a", 0), ("a", 1)}
   with pytest.raises(ValueError, match=r"changed: \['base'\]"):
     common._resume_point(csv_path, dict(setting, base={"train.num_steps": 6}))
+  with pytest.raises(ValueError, match=r"changed: \['arms.b'\]"):
+    common._resume_point(csv_path, dict(setting, arms={"a": {}, "b": {"k": 2}}))
+  # an added arm keeps the finished runs and is recorded; an arm left out is only not run now
+  grown = dict(setting, arms={"a": {}, "b": {"k": 1}, "c": {"k": 3}})
+  assert common._resume_point(csv_path, grown) == {("a", 0), ("a", 1)}
+  assert common._resume_point(csv_path, dict(setting, arms={"c": {"k": 3}})) == {("a", 0),
+                                                                                ("a", 1)}
+  with pytest.raises(ValueError, match=r"changed: \['arms.c'\]"):
+    common._resume_point(csv_path, dict(setting, arms={"c": {"k": 4}}))
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
-"""The value-overshoot failure (issue 16 item 3): remedies tried one at a time on the stress
-setting, each with the same seeds.
+"""The stress cell (issue 16 item 3, issue 30 item 4): SAO, SAO with one remedy at a time, and
+the GRPO baselines at a policy lr of 1e-3 and a rollout delay of 8, each with the same seeds.
 
 Stress (fixed before the runs): policy lr 1e-3 (3.3x the default; the critic lr stays 1e-3,
 1:1 -- the ratio at which the earlier stress runs collapsed) and a fixed rollout delay of 8
@@ -13,13 +13,26 @@ remedy each on top of ``sao`` (ours, not the paper's): ``value_bounds`` (V clipp
 range [0, 1] before GAE), ``critic_b1`` (critic Adam b1 = 0.5: less momentum), ``center_adv``
 (advantages centred per batch).
 
+Baselines (issue 30 item 4; added, with their rule, before their runs): ``grpo_m4``, ``grpo_m1``
+and ``grpo_dis`` exactly as in ``long_horizon.py`` (GRPO, 4 prompts x 8 rollouts, PPO clip with
+M = 4 or M = 1 updates per batch; GRPO+DIS: the groups' advantages with SAO's DIS objective,
+M = 1), at the same stress.
+
 Reported per arm: final accuracy, collapses (2 evals in a row below half the best so far), the
 largest mean value and its excess over the batch's mean reward, the share of steps whose largest
 value leaves the reward range, the mean advantage. Verdict (fixed): a remedy *holds* when none
 of its seeds collapses and its mean final accuracy is not 2 seed std (at least 0.02) below the
-``sao`` arm; it *helps* when it is 2 std above.
+``sao`` arm; it *helps* when it is 2 std above. Baselines (fixed before their runs): per
+baseline b and seed s, the paired differences d_s = sao - b of the final accuracy and of the
+area under the eval curve (steps 0-30, ``common.curve_area``). Three seeds cannot make a
+difference significant (the exact sign-flip p is at least 0.25), so the cell states a direction
+only: **SAO ahead of b (3/3)** when every d_s > 0 on both measures, **b ahead of SAO (3/3)** in
+the mirror case, else **no consistent direction**. An arm **survives** the stress when none of
+its seeds collapses. Stated: the baselines that survive where SAO collapses, or that every arm
+collapses (the stress then ranks no method).
 
-``python experiments/overshoot.py`` (full: 5 arms x 3 seeds) / ``--quick``.
+``nice -n 10 python experiments/stress.py`` (full: 8 arms x 3 seeds; resumable from
+``experiments/results/stress.csv``) / ``--quick``.
 """
 
 from __future__ import annotations
@@ -31,11 +44,12 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  pylint: disable=wrong-import-position
+import long_horizon  # noqa: E402  pylint: disable=wrong-import-position
 import stability  # noqa: E402  pylint: disable=wrong-import-position
 import training_claims as tc  # noqa: E402  pylint: disable=wrong-import-position
 
-EXPERIMENT = "overshoot"
-TITLE = "1b. Value overshoot under stress: remedies one at a time"
+EXPERIMENT = "stress"
+TITLE = "1b. Stress (policy lr 1e-3, delay 8): SAO, one remedy at a time, the GRPO baselines"
 STRESS = dict(tc.fixed_delay(8), **{"train.policy_lr": 1e-3})
 ARMS = (
     common.Arm("no_pretrain", {"train.critic_warmup_steps": 0}),
@@ -43,8 +57,22 @@ ARMS = (
     common.Arm("value_bounds", {"train.value_bounds": (0.0, 1.0)}),
     common.Arm("critic_b1", {"train.critic_b1": 0.5}),
     common.Arm("center_adv", {"train.center_advantages": True}),
+    *(a for a in long_horizon.ARMS if a.name != "sao"),  # grpo_m4, grpo_m1, grpo_dis
 )
+BASELINES = tuple(a.name for a in long_horizon.ARMS if a.name != "sao")
 QUICK_ARMS = ("value_bounds",)
+
+
+def baseline_verdict(d_final, d_auc, baseline: str, n_seeds: int) -> str:
+  """The module's direction rule on the per-seed differences ``sao - baseline`` of the final
+  accuracy and the area under the eval curve."""
+  if min(len(d_final), len(d_auc)) < n_seeds:
+    return f"incomplete ({min(len(d_final), len(d_auc))} of {n_seeds} seeds finished)"
+  if all(d > 0 for d in d_final) and all(d > 0 for d in d_auc):
+    return f"SAO ahead of {baseline} ({n_seeds}/{n_seeds})"
+  if all(d < 0 for d in d_final) and all(d < 0 for d in d_auc):
+    return f"{baseline} ahead of SAO ({n_seeds}/{n_seeds})"
+  return "no consistent direction"
 
 
 def run(quick: bool, out_dir=None, report_only: bool = False, seeds=None) -> str:
@@ -90,7 +118,7 @@ def run(quick: bool, out_dir=None, report_only: bool = False, seeds=None) -> str
   ref = next((t for t in table if t[0] == "sao"), None)
   verdicts = []
   for t in table:
-    if ref is None or t[0] == "sao":
+    if ref is None or t[0] == "sao" or t[0] in BASELINES:
       continue
     margin = 2 * max(t[3], ref[3], 0.01)
     holds = t[4] == 0 and t[2] >= ref[2] - margin
@@ -99,7 +127,39 @@ def run(quick: bool, out_dir=None, report_only: bool = False, seeds=None) -> str
   verdict = "; ".join(verdicts) if verdicts else "inconclusive (quick run: pipeline check only)"
   if ref is not None:
     verdict = f"sao (reference) collapses in {ref[4]} of {len(seeds)} seeds; " + verdict
-  cmd = "python experiments/overshoot.py" + (" --quick" if quick else "")
+  # the baselines: paired directions and survival
+  acc = common.eval_curves_from_start(rows)
+  auc = {(a, s): common.curve_area(*xy) for a, per in acc.items() for s, xy in per.items()
+         if len(xy[0]) >= 2}
+  final = common.per_run_final(rows, "final_accuracy")
+  base_lines, survivors = [], []
+  for b in [a.name for a in arms if a.name in BASELINES]:
+    d_final = common.paired_differences(final, "sao", b, seeds)
+    d_auc = common.paired_differences(auc, "sao", b, seeds)
+    v = baseline_verdict(d_final, d_auc, b, len(seeds))
+    collapses = next(t[4] for t in table if t[0] == b)
+    n_runs = sum(1 for s in seeds if (b, s) in final)
+    if n_runs == len(seeds) and collapses == 0:
+      survivors.append(b)
+    base_lines.append(f"- sao - {b}: final {common.format_paired(d_final)}; area "
+                      f"{common.format_paired(d_auc)}; {b} collapses in {collapses} of "
+                      f"{n_runs}. **{v}.**")
+  init = common.per_run_final(rows, "initial_accuracy")
+  warm = {s: sorted({round(v, 4) for (a, s2), v in init.items() if s2 == s}) for s in seeds}
+  warm_line = ("Warm starts (the accuracy before RL, per seed, over every arm: one value per seed "
+               f"= the arms shared the warm start, so the differences are paired): {warm}")
+  if base_lines and not quick:
+    ran = [b for b in BASELINES if all((b, s) in final for s in seeds)]
+    if len(ran) < len(BASELINES):
+      stated = "not judged: the baselines' runs are incomplete"
+    elif survivors:
+      stated = (f"{', '.join(survivors)} survive(s) the stress on every seed where SAO "
+                f"collapses in {ref[4] if ref else '?'} of {len(seeds)}")
+    else:
+      stated = "every arm collapses: this stress ranks no method"
+    verdict = f"{stated}. {verdict}"
+  cmd = ("nice -n 10 python experiments/stress.py" + (" --quick" if quick else "") +
+         " (resumable: finished runs are kept in the CSV)")
   body = f"""Command: `{cmd}`
 
 Setting (fixed): `configs/{tc.TASK}.py`{':smoke' if quick else ''} with {base}; arms
@@ -115,7 +175,14 @@ Per run:
                         "collapse step", "staleness (mean)", "EV (last 5)", "masked (mean)"],
                        runs)}
 
-![overshoot](results/{EXPERIMENT}.png)
+Paired differences per seed for the baselines (sao - baseline; exact sign-flip and paired t
+p of `common.paired_test`):
+
+{chr(10).join(base_lines) if base_lines else "(no baseline arm in this run)"}
+
+{warm_line}
+
+![stress](results/{EXPERIMENT}.png)
 
 **Verdict: {verdict}** (rule in the module docstring, fixed before the runs).
 """
