@@ -10,7 +10,11 @@ the tests keep JAX's and XLA's defaults.
   is XLA compiling, and many tests and runs compile the same programs again (every arm of an
   experiment's quick run, every mode's critic, a resumed run). Entries are keyed by the program,
   the devices, jax/XLA's versions and the flags, so an entry is only reused for the same program.
-  A size limit turns on JAX's file lock, so the xdist workers and their subprocesses share it.
+  No size limit: a limit turns on JAX's LRU eviction, which takes a file lock and lists and
+  stats every entry on each write (``jax/_src/lru_cache.py``), and with the thousands of small
+  programs of this suite that serialised the xdist workers and their subprocesses on the lock
+  (the full suite took 38 min with it, 2026-12-04). Without eviction a write is one file; a
+  reader that meets a half-written entry gets a read error, which JAX reports and then compiles.
 """
 
 import atexit
@@ -34,4 +38,3 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the first process of the se
   atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # every program
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 << 30))  # enables the file lock

@@ -1,5 +1,7 @@
 """Every training mode runs the CPU task end to end (subprocess, tiny model), grpo_sync really
-waits at the batch barrier and sao really does not; mode plumbing unit tests."""
+waits at the batch barrier and sao really does not; the sao run also evaluates periodically,
+checkpoints and writes TensorBoard files, and its checkpoint loads as a policy (the main job's
+smoke checks, one run for both); mode plumbing unit tests."""
 
 import itertools
 import json
@@ -7,14 +9,19 @@ import os
 import subprocess
 import sys
 
+import csv
+
 import numpy as np
 import pytest
+from flax import nnx
 
+from sao_jax.models.transformer import ModelConfig, Transformer
 from sao_jax.rollout import assembler, staleness
 from sao_jax.rollout.ledger import PromptLedger
 from sao_jax.rollout.trajectory import Trajectory
 from sao_jax.train import modes
 from sao_jax.train.baselines import RunningMeanBaseline
+from sao_jax.train.checkpoint import load_policy_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TINY = ("--config.model.d_model=32", "--config.model.n_layers=1", "--config.model.d_ff=64",
@@ -22,25 +29,75 @@ _TINY = ("--config.model.d_model=32", "--config.model.n_layers=1", "--config.mod
          "--config.sft.steps=0", "--config.task.n_eval=4", "--config.eval.every_steps=0",
          "--config.checkpoint.every_steps=0", "--config.log.tensorboard=False",
          "--config.train.group_size=4", "--config.train.num_steps=4")
+# the sao run also does what a user's run does: periodic eval, checkpoints, TensorBoard
+_SAO_EXTRA = ("--config.task.n_eval=16", "--config.eval.every_steps=2",
+              "--config.checkpoint.every_steps=2", "--config.log.tensorboard=True")
+_TINY_MODEL = ModelConfig(vocab_size=104, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                          head_dim=16, d_ff=64, max_seq_len=64)
+
+
+def _flags(mode: str) -> list[str]:
+  """_TINY with the sao run's extra flags in place of the ones they replace."""
+  if mode != "sao":
+    return list(_TINY)
+  keys = {f.split("=")[0] for f in _SAO_EXTRA}
+  return [f for f in _TINY if f.split("=")[0] not in keys] + list(_SAO_EXTRA)
 
 
 @pytest.fixture(scope="module")
 def mode_runs(tmp_path_factory):
-  """metrics.jsonl training records of a 4-step run of every mode (the modes share programs
-  through the session's compilation cache, tests/conftest.py)."""
+  """{mode: (run_dir, stdout, metrics.jsonl training records)} of a 4-step run of every mode (the
+  modes share programs through the session's compilation cache, tests/conftest.py)."""
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   out = {}
   for mode in modes.MODES:
     run_dir = str(tmp_path_factory.mktemp(mode))
     proc = subprocess.run(
         [sys.executable, "-m", "sao_jax.main", "--config=configs/arith_tool.py:smoke",
-         f"--config.run_dir={run_dir}", f"--config.train.mode={mode}", *_TINY],
+         f"--config.run_dir={run_dir}", f"--config.train.mode={mode}", *_flags(mode)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, (mode, proc.stdout[-2000:] + proc.stderr[-3000:])
     assert "Held-out evaluation" in proc.stdout
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-      out[mode] = [r for r in map(json.loads, f) if "policy_loss" in r]
+      out[mode] = (run_dir, proc.stdout, [r for r in map(json.loads, f) if "policy_loss" in r])
   return out
+
+
+@pytest.mark.slow
+def test_sao_run_logs_every_metric_evaluates_and_writes_results(mode_runs):
+  run_dir, stdout, train = mode_runs["sao"]
+  assert "Held-out evaluation" in stdout and "after SAO" in stdout
+  assert [r["step"] for r in train] == [1, 2, 3, 4]
+  for key in ("reward_mean", "masked_fraction", "masked_fraction_low", "masked_fraction_high",
+              "ratio_mean", "ratio_max", "abs_logp_diff_mean", "value_loss",
+              "explained_variance", "staleness_mean", "staleness_max", "tokens_per_s",
+              "wait_s", "train_s", "rollout_generate_s"):
+    assert all(np.isfinite(r[key]) for r in train), key
+  # every 2 steps; the last step's eval is the final one (results.csv)
+  assert [r["step"] for r in train if "eval_accuracy" in r] == [2]
+  with open(os.path.join(run_dir, "results.csv")) as f:
+    results = dict(csv.reader(f))
+  assert 0.0 <= float(results["accuracy_after"]) <= 1.0
+  assert int(results["eval_problems"]) == 16
+  assert os.path.isdir(os.path.join(run_dir, "checkpoints"))
+  assert os.listdir(os.path.join(run_dir, "tb"))
+
+
+@pytest.mark.slow
+def test_policy_loads_from_a_run_checkpoint(mode_runs):
+  run_dir = mode_runs["sao"][0]
+  fresh = nnx.to_pure_dict(nnx.split(Transformer(_TINY_MODEL, rngs=nnx.Rngs(123)))[1])
+  loaded = load_policy_params(os.path.join(run_dir, "checkpoints"), fresh)
+  a = np.asarray(loaded["layers"][0]["mlp"]["up_proj"]["kernel"])
+  assert a.shape == (32, 64)
+  assert not np.array_equal(a, np.asarray(fresh["layers"][0]["mlp"]["up_proj"]["kernel"]))
+  wrong = nnx.to_pure_dict(nnx.split(Transformer(
+      ModelConfig(vocab_size=104, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8,
+                  d_ff=64), rngs=nnx.Rngs(0)))[1])
+  with pytest.raises(ValueError, match="shape"):
+    load_policy_params(os.path.join(run_dir, "checkpoints"), wrong)
+  with pytest.raises(FileNotFoundError):
+    load_policy_params(os.path.join(run_dir, "nope"), fresh)
 
 
 _SHARED_KEYS = ("masked_fraction", "masked_fraction_low", "masked_fraction_high",
@@ -53,7 +110,7 @@ _SHARED_KEYS = ("masked_fraction", "masked_fraction_low", "masked_fraction_high"
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", modes.MODES)
 def test_every_mode_runs_and_logs_the_shared_metrics(mode_runs, mode):
-  recs = mode_runs[mode]
+  recs = mode_runs[mode][2]
   assert [r["step"] for r in recs] == [1, 2, 3, 4]
   assert [r["policy_version"] for r in recs] == [1, 2, 3, 4]
   for key in _SHARED_KEYS:
@@ -72,7 +129,7 @@ def test_every_mode_runs_and_logs_the_shared_metrics(mode_runs, mode):
 
 @pytest.mark.slow
 def test_grpo_sync_waits_at_the_batch_barrier(mode_runs):
-  recs = mode_runs["grpo_sync"]
+  recs = mode_runs["grpo_sync"][2]
   for prev, cur in zip(recs, recs[1:]):
     # Every rollout of batch n+1 was admitted after step n published its weights ...
     assert cur["traj_t_start_min"] >= prev["step_t_publish"]
@@ -85,7 +142,7 @@ def test_grpo_sync_waits_at_the_batch_barrier(mode_runs):
 @pytest.mark.slow
 def test_sao_and_grpo_async_do_not_wait(mode_runs):
   for mode in ("sao", "grpo_async"):
-    recs = mode_runs[mode]
+    recs = mode_runs[mode][2]
     overlapped = [cur["traj_t_start_min"] < prev["step_t_publish"]
                   for prev, cur in zip(recs, recs[1:])]
     # Rollouts of later batches began while earlier steps trained, sampled by old weights.
