@@ -75,14 +75,20 @@ def baseline_verdict(d_final, d_auc, baseline: str, n_seeds: int) -> str:
   return "no consistent direction"
 
 
-def run(quick: bool, out_dir=None, report_only: bool = False, seeds=None) -> str:
+def run(quick: bool, out_dir=None, report_only: bool = False, seeds=None, only=None) -> str:
   """``seeds``: a subset of the fixed seeds (to split the runs over processes; merge the CSVs
-  and rebuild with ``--report_only``)."""
+  and rebuild with ``--report_only``); ``only``: run only these arms now (the CSV keeps the
+  others' finished runs, and the report shows every arm)."""
   out_dir, md = common.out_paths(EXPERIMENT, quick, out_dir)
   arms = [a for a in ARMS if a.name in QUICK_ARMS] if quick else list(ARMS)
+  unknown = set(only or ()) - {a.name for a in arms}
+  if unknown:
+    raise ValueError(f"--arms {sorted(unknown)}: not arms of this study; choose from "
+                     f"{[a.name for a in arms]}")
   seeds = seeds or (tc.SEEDS_QUICK if quick else tc.SEEDS_FULL)
   base = dict(tc.QUICK if quick else tc.FULL, **STRESS)
-  csv_path = common.run_training_arms(EXPERIMENT, arms, seeds, quick=quick, out_dir=out_dir,
+  csv_path = common.run_training_arms(EXPERIMENT, [a for a in arms if not only or a.name in only],
+                                      seeds, quick=quick, out_dir=out_dir,
                                       metrics=tc.TRAIN_METRICS, base=base,
                                       report_only=report_only)
   rows = common.read_rows(csv_path)
@@ -91,7 +97,9 @@ def run(quick: bool, out_dir=None, report_only: bool = False, seeds=None) -> str
                ("advantage_mean", None, "mean advantage"),
                ("explained_variance", None, "explained variance")],
               title="stress (policy lr 1e-3, delay 8); mean and min-max over seeds")
-  runs = stability.run_table(rows, [a.name for a in arms], seeds)
+  finished = {r["arm"] for r in rows if r["metric"] == "final_accuracy"}
+  pending = [a.name for a in arms if a.name not in finished]
+  runs = stability.run_table(rows, [a.name for a in arms if a.name in finished], seeds)
   vmean, reward, vmax = (common.curves(rows, m) for m in ("value_mean", "reward_mean",
                                                           "value_max"))
   adv = common.mean_over_steps(rows, "advantage_mean")
@@ -115,8 +123,9 @@ def run(quick: bool, out_dir=None, report_only: bool = False, seeds=None) -> str
                   float(np.mean(out_of_range)) if out_of_range else "-",
                   float(np.mean([adv[(arm.name, s)] for s in seeds if (arm.name, s) in adv])),
                   float(np.mean([elapsed.get((arm.name, s), np.nan) for s in seeds]))])
+  table = [t for t in table if t[0] in finished]
   ref = next((t for t in table if t[0] == "sao"), None)
-  verdicts = []
+  verdicts = [f"{a}: not run" for a in pending if a not in BASELINES and a != "sao"]
   for t in table:
     if ref is None or t[0] == "sao" or t[0] in BASELINES:
       continue
@@ -137,7 +146,7 @@ def run(quick: bool, out_dir=None, report_only: bool = False, seeds=None) -> str
     d_final = common.paired_differences(final, "sao", b, seeds)
     d_auc = common.paired_differences(auc, "sao", b, seeds)
     v = baseline_verdict(d_final, d_auc, b, len(seeds))
-    collapses = next(t[4] for t in table if t[0] == b)
+    collapses = next((t[4] for t in table if t[0] == b), 0)
     n_runs = sum(1 for s in seeds if (b, s) in final)
     if n_runs == len(seeds) and collapses == 0:
       survivors.append(b)
@@ -182,6 +191,8 @@ p of `common.paired_test`):
 
 {warm_line}
 
+Arms without a finished run in the CSV (rerun with `--arms`): {pending or "none"}.
+
 ![stress](results/{EXPERIMENT}.png)
 
 **Verdict: {verdict}** (rule in the module docstring, fixed before the runs).
@@ -194,8 +205,10 @@ if __name__ == "__main__":
   parser = common.common_argparser(__doc__)
   parser.add_argument("--seeds", type=int, nargs="*", default=None,
                       help="a subset of the fixed seeds (default: all)")
+  parser.add_argument("--arms", nargs="*", default=None,
+                      help="run only these arms now (default: all); the report shows every arm")
   args = parser.parse_args()
   try:
-    run(args.quick, args.out_dir, report_only=args.report_only, seeds=args.seeds)
+    run(args.quick, args.out_dir, report_only=args.report_only, seeds=args.seeds, only=args.arms)
   except FileNotFoundError as e:  # --report_only before any run: say so, no traceback
     sys.exit(f"error: {e}")
