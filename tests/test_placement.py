@@ -165,7 +165,10 @@ def test_main_job_runs_split_four_and_four(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "sao_jax.main", "--config=configs/arith_tool.py:smoke",
        f"--config.run_dir={run_dir}", "--config.rollout.devices=4", "--config.mesh.shape=fsdp=-1",
-       "--config.log.progress=lines"],
+       "--config.log.progress=lines",
+       # the placement is under test, not the warm start or the periodic eval / checkpoints
+       "--config.sft.steps=0", "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0",
+       "--config.log.tensorboard=False"],
       cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert ("placement: learner on devices [4, 5, 6, 7] {'fsdp': 4}, rollout on "
