@@ -49,7 +49,8 @@ import stability  # noqa: E402  pylint: disable=wrong-import-position
 import training_claims as tc  # noqa: E402  pylint: disable=wrong-import-position
 
 EXPERIMENT = "stress"
-TITLE = "1b. Stress (policy lr 1e-3, delay 8): SAO, one remedy at a time, the GRPO baselines"
+TITLE = ("1b. Past every method's limit: policy lr 1e-3 at delay 8 collapses SAO and GRPO "
+         "(M = 4, M = 1, +DIS); SAO's remedies")
 STRESS = dict(tc.fixed_delay(8), **{"train.policy_lr": 1e-3})
 ARMS = (
     common.Arm("no_pretrain", {"train.critic_warmup_steps": 0}),
@@ -165,7 +166,8 @@ def run(quick: bool, out_dir=None, report_only: bool = False, seeds=None, only=N
       stated = (f"{', '.join(survivors)} survive(s) the stress on every seed where SAO "
                 f"collapses in {ref[4] if ref else '?'} of {len(seeds)}")
     else:
-      stated = "every arm collapses: this stress ranks no method"
+      stated = ("every arm that ran collapses (SAO and every GRPO baseline): this stress ranks "
+                "no method")
     verdict = f"{stated}. {verdict}"
   cmd = ("nice -n 10 python experiments/stress.py" + (" --quick" if quick else "") +
          " (resumable: finished runs are kept in the CSV)")
