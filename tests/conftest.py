@@ -38,19 +38,3 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the first process of the se
   atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")  # every program
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-
-# The files with the longest single tests or fixtures (durations of a quiet full run,
-# `--durations=80`), scheduled first: `--dist loadfile` hands whole files to the two workers in
-# collection order, so a long file collected last (alphabetically, test_sharding.py) runs alone
-# at the end while the other worker idles. Longest first keeps both busy to the end.
-LONGEST_FIRST = ("test_sharding.py", "test_ray_source.py", "test_engine_data_parallel.py",
-                 "test_engine_tensor_parallel.py", "test_benchmarks.py", "test_experiments.py",
-                 "test_modes.py", "test_swe_lite.py", "test_tir_math.py", "test_pretrained.py",
-                 "test_notebooks.py", "test_placement.py", "test_chain_tool.py", "test_resume.py")
-
-
-def pytest_collection_modifyitems(items):
-  """Reorders the collected tests: the files of LONGEST_FIRST first, in that order; the rest
-  keep pytest's order."""
-  rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-  items.sort(key=lambda item: rank.get(os.path.basename(str(item.fspath)), len(rank)))
