@@ -31,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,7 +123,8 @@ def child(folder: str, variant: str, steps: int, out: str, run_root: str, sets=(
   result = dict(
       variant=variant, device=str(dev.device_kind), platform=dev.platform,
       jax=jax.__version__, wall_s=wall, summary={k: v for k, v in summary.items()
-                                                 if isinstance(v, (int, float, str))},
+                                                 if isinstance(v, (int, float, str))
+                                                 and k != "metrics_csv"},  # a device path
       peak_bytes_in_use=stats.get("peak_bytes_in_use"), bytes_limit=stats.get("bytes_limit"),
       steps=[{k: r.get(k) for k in keep} for r in steps_rows])
   with open(os.path.join(out, f"accelerator_{variant}.json"), "w") as f:
@@ -132,7 +134,7 @@ def child(folder: str, variant: str, steps: int, out: str, run_root: str, sets=(
 def learner_step_flops(folder: str, variant: str, sets=()) -> float:
   """Model FLOPs of one learner step (targets + K critic updates + policy update), whole batch."""
   from sao_jax import plan, roles
-  config = config_for(folder, variant, 1, "/tmp/unused", sets)
+  config = config_for(folder, variant, 1, "runs/accelerator_flops", sets)  # nothing is written
   run = roles.from_config(config)
   mcfg = plan.model_config(config)
   f = plan.learner_flops(config, mcfg, rows=run.train.batch_size)
@@ -146,7 +148,7 @@ def main() -> None:
   ap.add_argument("folder")
   ap.add_argument("--out", default="benchmarks/results/accelerator")
   ap.add_argument("--variants", default="f32,bf16")
-  ap.add_argument("--run_root", default="/tmp/accelerator_runs",
+  ap.add_argument("--run_root", default=os.path.join(tempfile.gettempdir(), "accelerator_runs"),
                   help="the runs' folders (metrics, the end-of-run checkpoint)")
   ap.add_argument("--variant", default="f32", help=argparse.SUPPRESS)
   ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

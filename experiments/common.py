@@ -401,6 +401,13 @@ def curve_area(steps: np.ndarray, acc: np.ndarray) -> float:
   return float(np.sum((acc[1:] + acc[:-1]) / 2 * np.diff(steps)) / (steps[-1] - steps[0]))
 
 
+def curve_areas(rows: list[dict]) -> dict:
+  """``{(arm, seed): curve_area}`` of every run's eval curve from its warm start
+  (``eval_curves_from_start``); runs with fewer than 2 eval points are left out."""
+  return {(arm, s): curve_area(*xy) for arm, per in eval_curves_from_start(rows).items()
+          for s, xy in per.items() if len(xy[0]) >= 2}
+
+
 def staleness_flag(mean_staleness: dict, arms: Sequence[str], tolerance: float) -> tuple:
   """(per-arm mean staleness over seeds, flagged): flagged when the arms' means differ by more
   than ``tolerance`` (relative to the largest), i.e. the cell cannot be judged (issue 16)."""

@@ -132,9 +132,7 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
               title=f"Long horizon, fixed rollout delay d = {DELAY}; mean and min-max over seeds")
   names = [a.name for a in arms]
   table = stability.run_table(rows, names, seeds)
-  acc = common.eval_curves_from_start(rows)
-  auc = {(arm, s): common.curve_area(*xy) for arm, per in acc.items() for s, xy in per.items()
-         if len(xy[0]) >= 2}
+  auc = common.curve_areas(rows)
   wall = common.per_run_final(rows, "rl_elapsed_s")
   for r in table:
     r.insert(5, auc.get((r[0], r[1]), float("nan")))

@@ -138,9 +138,7 @@ def run(quick: bool, out_dir=None, report_only: bool = False, seeds=None, only=N
   if ref is not None:
     verdict = f"sao (reference) collapses in {ref[4]} of {len(seeds)} seeds; " + verdict
   # the baselines: paired directions and survival
-  acc = common.eval_curves_from_start(rows)
-  auc = {(a, s): common.curve_area(*xy) for a, per in acc.items() for s, xy in per.items()
-         if len(xy[0]) >= 2}
+  auc = common.curve_areas(rows)
   final = common.per_run_final(rows, "final_accuracy")
   base_lines, survivors = [], []
   for b in [a.name for a in arms if a.name in BASELINES]:
