@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import orbax.checkpoint as ocp
@@ -127,38 +128,53 @@ def jax_leaves(tree):
 def test_killed_async_run_resumes_and_consumes_every_prompt_once(tmp_path, backend):
   """Not bit-exact (asynchronous sampling), but exactly-once: the ledger of the resumed run has
   steps 1..4 once each, every trained prompt position once, and the checkpoint's cursor covers
-  exactly those positions. With Ray, the killed driver's local cluster is cleaned up. Both
-  backends read the lockstep runs' programs from the session's compilation cache (Ray's actors
-  inherit it), so they compile little."""
+  exactly those positions. Both backends read the lockstep runs' programs from the session's
+  compilation cache (Ray's actors inherit it), so they compile little.
+
+  A laptop run opens no port to the network: every TCP socket that any process of either run
+  listens on (with Ray: GCS, raylet, agents, core workers, the transfer weight sync's servers)
+  is bound to loopback. With Ray, the killed driver's local cluster is cleaned up by the test,
+  and the resumed run's ``ray.shutdown`` leaves no Ray process."""
   if backend == "ray":
     pytest.importorskip("ray")
-  from test_ray_source import _ray_processes  # pylint: disable=import-outside-toplevel  (tests/ helper)
+  pytest.importorskip("psutil")
+  # pylint: disable-next=import-outside-toplevel  (tests/ helpers)
+  from test_ray_source import _ray_processes, assert_loopback_only, run_watching_sockets
   args = [a for a in ARGS if "lockstep" not in a and "checkpoint.every_steps" not in a]
   args += ["--config.checkpoint.every_steps=1", f"--config.rollout.backend={backend}"]
   if backend == "ray":
-    args += ["--config.rollout.num_workers=2", "--config.rollout.ray_num_cpus=0.5"]
+    args += ["--config.rollout.num_workers=2", "--config.rollout.ray_num_cpus=0.5",
+             "--config.rollout.weight_sync=transfer"]
   cmd = [sys.executable, "-m", "sao_jax.main", *args, f"--config.run_dir={tmp_path / 'run'}"]
   # the driver's own Ray temp dir (short: Ray's unix sockets live under it), so that only the
   # Ray this test started is cleaned up after the SIGKILL, never another one on the machine
   ray_dir = tempfile.mkdtemp(prefix="sao_ray_", dir="/tmp")
-  env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_TMPDIR=ray_dir,
-)
+  env = dict(os.environ, PYTHONUNBUFFERED="1", RAY_TMPDIR=ray_dir)
   env.pop("SAO_FAULT_KILL", None)
+  env.pop("RAY_ADDRESS", None)
+  seen: dict = {}
   try:
     # the thread run dies after step 3's update; the Ray run with half of step 3's batch in
     kill = "train:3" if backend == "thread" else "rollout:3"
-    killed = subprocess.run(cmd, cwd=ROOT, env=dict(env, SAO_FAULT_KILL=kill),
-                            capture_output=True, text=True, timeout=600, check=False)
-    assert killed.returncode == -9, killed.stdout[-2000:] + killed.stderr[-2000:]
-    assert f"fault injection: SIGKILL at {kill.replace(':', ' of step ')}" in killed.stdout
-    resumed = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                             timeout=600, check=False)
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-  finally:  # a SIGKILLed driver cannot stop the Ray it started
+    rc, killed = run_watching_sockets(cmd, dict(env, SAO_FAULT_KILL=kill),
+                                      tmp_path / "killed.log", seen)
+    assert rc == -9, killed[-4000:]
+    assert f"fault injection: SIGKILL at {kill.replace(':', ' of step ')}" in killed
+    for pid in _ray_processes(under=ray_dir):  # a SIGKILLed driver cannot stop its Ray
+      os.kill(pid, signal.SIGKILL)
+    rc, resumed = run_watching_sockets(cmd, env, tmp_path / "resumed.log", seen)
+    assert rc == 0, resumed[-4000:]
+    deadline = time.time() + 20  # the driver's ray.shutdown stops its Ray; give it a moment
+    while _ray_processes(under=ray_dir) and time.time() < deadline:
+      time.sleep(0.5)
+    left = _ray_processes(under=ray_dir)
+  finally:  # only if a run failed
     for pid in _ray_processes(under=ray_dir):
       os.kill(pid, signal.SIGKILL)
     shutil.rmtree(ray_dir, ignore_errors=True)
-  assert "resuming from" in resumed.stdout
+  assert_loopback_only(seen, ray=backend == "ray")
+  assert not left, "a raylet / gcs_server outlived the resumed run"
+  assert "resuming from" in resumed
   ledger = _jsonl(tmp_path / "run" / "ledger.jsonl")
   assert [r["step"] for r in ledger] == list(range(1, STEPS + 1))
   positions = [p for r in ledger for p in r["positions"]]
