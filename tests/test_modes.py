@@ -1,65 +1,59 @@
-"""Every training mode runs the CPU task end to end (subprocess, tiny model), grpo_sync really
+"""Every training mode runs the CPU task end to end (in process, tiny model), grpo_sync really
 waits at the batch barrier and sao really does not; the sao run also evaluates periodically,
 checkpoints and writes TensorBoard files, and its checkpoint loads as a policy (the main job's
 smoke checks, one run for both); mode plumbing unit tests."""
 
+import contextlib
+import csv
+import io
 import itertools
 import json
 import os
-import subprocess
-import sys
-
-import csv
 
 import numpy as np
 import pytest
 from flax import nnx
 
+from sao_jax import configs
 from sao_jax.models.transformer import ModelConfig, Transformer
 from sao_jax.rollout import assembler, staleness
 from sao_jax.rollout.ledger import PromptLedger
 from sao_jax.rollout.trajectory import Trajectory
-from sao_jax.train import modes
+from sao_jax.train import loop, modes
 from sao_jax.train.baselines import RunningMeanBaseline
 from sao_jax.train.checkpoint import load_policy_params
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TINY = ("--config.model.d_model=32", "--config.model.n_layers=1", "--config.model.d_ff=64",
-         "--config.model.n_heads=2", "--config.model.n_kv_heads=1", "--config.model.head_dim=16",
-         "--config.sft.steps=0", "--config.task.n_eval=4", "--config.eval.every_steps=0",
-         "--config.checkpoint.every_steps=0", "--config.log.tensorboard=False",
-         "--config.train.group_size=4", "--config.train.num_steps=4")
-# the sao run also does what a user's run does: periodic eval, checkpoints, TensorBoard
-_SAO_EXTRA = ("--config.task.n_eval=16", "--config.eval.every_steps=2",
-              "--config.checkpoint.every_steps=2", "--config.log.tensorboard=True")
+# a tiny model, 4 steps, no SFT; the sao run also does what a user's run does: periodic eval,
+# checkpoints, TensorBoard
+_TINY = {"model.d_model": 32, "model.n_layers": 1, "model.d_ff": 64, "model.n_heads": 2,
+         "model.n_kv_heads": 1, "model.head_dim": 16, "sft.steps": 0, "task.n_eval": 4,
+         "eval.every_steps": 0, "checkpoint.every_steps": 0, "log.tensorboard": False,
+         "train.group_size": 4, "train.num_steps": 4}
+_SAO_EXTRA = {"task.n_eval": 16, "eval.every_steps": 2, "checkpoint.every_steps": 2,
+              "log.tensorboard": True}
 _TINY_MODEL = ModelConfig(vocab_size=104, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
                           head_dim=16, d_ff=64, max_seq_len=64)
 
 
-def _flags(mode: str) -> list[str]:
-  """_TINY with the sao run's extra flags in place of the ones they replace."""
-  if mode != "sao":
-    return list(_TINY)
-  keys = {f.split("=")[0] for f in _SAO_EXTRA}
-  return [f for f in _TINY if f.split("=")[0] not in keys] + list(_SAO_EXTRA)
-
-
 @pytest.fixture(scope="module")
 def mode_runs(tmp_path_factory):
-  """{mode: (run_dir, stdout, metrics.jsonl training records)} of a 4-step run of every mode (the
-  modes share programs through the session's compilation cache, tests/conftest.py)."""
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  """{mode: (run_dir, stdout, metrics.jsonl training records)} of a 4-step main job
+  (``loop.run``, what ``python -m sao_jax.main --config=configs/arith_tool.py:smoke`` calls) of
+  every mode, one after another in this process: they share its compiled programs (the CLI's
+  flag parsing is exercised by the subprocess runs of test_resume.py and the experiments)."""
   out = {}
   for mode in modes.MODES:
     run_dir = str(tmp_path_factory.mktemp(mode))
-    proc = subprocess.run(
-        [sys.executable, "-m", "sao_jax.main", "--config=configs/arith_tool.py:smoke",
-         f"--config.run_dir={run_dir}", f"--config.train.mode={mode}", *_flags(mode)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert proc.returncode == 0, (mode, proc.stdout[-2000:] + proc.stderr[-3000:])
-    assert "Held-out evaluation" in proc.stdout
+    c = configs.load("arith_tool", "smoke")
+    c.update_from_flattened_dict({**_TINY, **(_SAO_EXTRA if mode == "sao" else {}),
+                                  "train.mode": mode, "run_dir": run_dir})
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+      loop.run(c)
+    stdout = buf.getvalue()
+    assert "Held-out evaluation" in stdout, (mode, stdout[-2000:])
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-      out[mode] = (run_dir, proc.stdout, [r for r in map(json.loads, f) if "policy_loss" in r])
+      out[mode] = (run_dir, stdout, [r for r in map(json.loads, f) if "policy_loss" in r])
   return out
 
 
