@@ -45,6 +45,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.train.critic_warmup_steps = 2
     c.eval.every_steps, c.checkpoint.every_steps = 0, 0
     c.run_dir = "runs/chain_tool_smoke"
+    c.rollout.kv_bucket = c.model.max_seq_len  # fewest compiles (a wiring check): one decode
+    c.rollout.prefill_rows = "all"             # program per shape, one prefill per length
   elif variant:
     raise ValueError(f"unknown variant {variant!r} of configs/chain_tool.py; use '' or 'smoke'.")
   return c

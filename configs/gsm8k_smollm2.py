@@ -66,6 +66,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.train.batch_size, c.train.num_steps = 2, 2
     c.eval.every_steps, c.checkpoint.every_steps = 0, 0
     c.log.tensorboard = False
+    c.rollout.kv_bucket = c.model.max_seq_len  # fewest compiles (a wiring check): one decode
+    c.rollout.prefill_rows = "all"             # program per shape, one prefill per length
   elif variant:
     raise ValueError(f"unknown variant {variant!r} of configs/gsm8k_smollm2.py; use '' or 'smoke'.")
   return c

@@ -64,6 +64,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.train.batch_size, c.train.num_steps = 4, 2
     c.mesh.tokens_per_device = 0
     c.eval.every_steps, c.checkpoint.every_steps = 0, 0
+    c.rollout.kv_bucket = c.model.max_seq_len  # fewest compiles (a wiring check): one decode
+    c.rollout.prefill_rows = "all"             # program per shape, one prefill per length
   elif variant == "accelerator":
     # One GPU / TPU host (issue 17 item 5). Run on one H200 with random weights of this shape
     # only (benchmarks/RESULTS.md section 8; learning not measured). Full batches (no

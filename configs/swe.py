@@ -69,6 +69,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.eval.every_steps, c.checkpoint.every_steps = 0, 0
     c.train.policy_lr, c.train.critic_lr = 1e-4, 1e-4
     c.allow_random_init = True        # only the smoke variant may run without a checkpoint
+    c.rollout.kv_bucket = c.model.max_seq_len  # fewest compiles (a wiring check): one decode
+    c.rollout.prefill_rows = "all"             # program per shape, one prefill per length
   elif variant:
     raise ValueError(f"unknown variant {variant!r} of configs/swe.py; use '' or 'smoke'.")
   return c

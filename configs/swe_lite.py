@@ -58,6 +58,8 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.eval.every_steps, c.checkpoint.every_steps = 0, 0
     c.eval.periodic_problems = 4
     c.run_dir = "runs/swe_lite_smoke"
+    c.rollout.kv_bucket = c.model.max_seq_len  # fewest compiles (a wiring check): one decode
+    c.rollout.prefill_rows = "all"             # program per shape, one prefill per length
   elif variant:
     raise ValueError(f"unknown variant {variant!r} of configs/swe_lite.py; use '' or 'smoke'.")
   return c

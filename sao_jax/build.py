@@ -169,12 +169,14 @@ def make_learner(run: roles.Run, policy: Policy, pad_id: int, mesh=None) -> Lear
 def make_engine(run: roles.Run, mcfg: ModelConfig, graphdef, tokenizer, *, slots: int,
                 temperature: float, seed: Optional[int] = None, mesh=None) -> SAOEngine:
   """A JetStream-API ``SAOEngine`` over ``graphdef`` (``Policy.graphdef`` or ``graphdef_of``):
-  ``slots`` decode slots, prompts up to ``rollout.max_prefill_length``, sampling at
+  ``slots`` decode slots, prompts up to ``rollout.max_prefill_length``, the compile buckets of
+  ``rollout.kv_bucket`` / ``rollout.prefill_rows``, sampling at
   ``temperature`` (0 = greedy) from ``seed`` (default ``run.seed``); ``mesh``: the engine's own
   (slots over ``data``; None = one device)."""
   return SAOEngine(mcfg, graphdef, tokenizer, max_concurrent_decodes=slots,
                    max_prefill_length=run.rollout.max_prefill_length,
-                   temperature=temperature, seed=run.seed if seed is None else seed, mesh=mesh)
+                   temperature=temperature, seed=run.seed if seed is None else seed, mesh=mesh,
+                   kv_bucket=run.rollout.kv_bucket, prefill_rows=run.rollout.prefill_rows)
 
 
 def env_fault_rate() -> float:

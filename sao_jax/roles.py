@@ -164,6 +164,13 @@ class Rollout:
                           check=">0")
   max_new_tokens: int = _f(24, "per-turn cap on sampled tokens", check=">=1")
   max_prefill_length: int = _f(64, "longest prompt / observation chunk", check=">=1")
+  kv_bucket: int = _f(32, "smallest live-length bucket of a decode step (buckets double up to "
+                      "model.max_seq_len; one compiled decode program each: larger = fewer "
+                      "compiles, more attention work per token)", check=">=1")
+  prefill_rows: str = _f("pow2", "rows of a batched prefill: 'pow2' pads to the next power of "
+                         "two (one compile per row count and chunk length) or 'all' to every "
+                         "slot (one compile per chunk length, more padding)",
+                         choices=("pow2", "all"))
   decode_steps: int = _f(4, "tokens per slot per engine call; weights change between calls",
                          check=">=1")
   overlap_host: bool = _f(False, "dispatch the next decode call before the host reads the "

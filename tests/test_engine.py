@@ -278,6 +278,30 @@ def test_batched_prefill_and_multi_step_decode_equal_the_one_at_a_time_path():
   np.testing.assert_allclose(lp, np.stack([l for _, l in one], 1), atol=1e-5)
 
 
+def test_prefill_rows_all_pads_to_every_slot_and_draws_what_pow2_draws():
+  """``prefill_rows="all"`` (``rollout.prefill_rows``): one prompt into slot 3 of 4 runs as 4
+  rows (pow2: 1 row) and samples the same token and log-prob into the same cache; any other
+  value is refused naming the field."""
+  _, graphdef, params, pow2 = _setup(temperature=1.0)
+  every = SAOEngine(CFG, graphdef, Tok(), max_concurrent_decodes=4, max_prefill_length=16,
+                    temperature=1.0, seed=0, prefill_rows="all")
+  rows = []
+  for e in (pow2, every):  # the token rows each engine's compiled prefill is called with
+    jitted = e._prefill_insert_jit
+    e._prefill_insert_jit = lambda *a, jitted=jitted, **k: rows.append(a[3].shape[0]) or \
+        jitted(*a, **k)
+  out = [e.prefill_insert(params, e.init_decode_state(), [3], [[1, 11, 12, 13]])
+         for e in (pow2, every)]
+  assert rows == [1, 4]
+  (a, ta, la), (b, tb, lb) = out
+  assert ta.tolist() == tb.tolist() and la.tolist() == lb.tolist()
+  assert a.host_lengths == b.host_lengths == (0, 0, 0, 4)
+  np.testing.assert_array_equal(np.asarray(jax.tree.leaves(a.cache)[0]),
+                                np.asarray(jax.tree.leaves(b.cache)[0]))
+  with pytest.raises(ValueError, match="rollout.prefill_rows"):
+    SAOEngine(CFG, graphdef, Tok(), prefill_rows="some")
+
+
 @pytest.mark.slow
 def test_prefill_insert_appends_an_observation_in_place_equal_to_a_full_forward():
   """Greedy: two slots decode 6 tokens each in one ``generate_steps`` call; slot 1's turn

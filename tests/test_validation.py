@@ -55,6 +55,7 @@ BAD_ENUMS = {
     "rollout.staleness_policy": "drop+admission",
     "rollout.backend": "k8s",
     "rollout.weight_sync": "carrier_pigeon",
+    "rollout.prefill_rows": "some",
     "model.dtype": "float8",
     "model.param_dtype": "int8",
     "model.remat": "full",

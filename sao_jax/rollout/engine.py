@@ -311,19 +311,27 @@ class SAOEngine(engine_api.Engine):
       random but differ). Other axes replicate. Params must be in ``param_shardings``,
       replicated on the mesh or uncommitted (not placed on devices outside it).
     kv_bucket: smallest live-length bucket (cache positions attended to); buckets double from
-      it up to ``cache_len``.
+      it up to ``cache_len``, one compiled decode program each (``rollout.kv_bucket``).
+    prefill_rows: the default row count of ``prefill_insert`` per device: "pow2", the next
+      power of two of the chunks one device gets (one compiled program per row count and
+      chunk length), or "all", every slot of the device (one per chunk length; more padding
+      rows) (``rollout.prefill_rows``).
 
-  Raises ValueError for ``kv_bucket < 1``, slots not divisible by the mesh's ``data`` axis,
-  ``n_kv_heads`` not divisible by its ``tensor`` axis or a ``tensor`` / ``expert`` axis of
-  ``AxisType.Explicit`` (the messages name ``rollout.mesh``).
+  Raises ValueError for ``kv_bucket < 1``, an unknown ``prefill_rows``, slots not divisible by
+  the mesh's ``data`` axis, ``n_kv_heads`` not divisible by its ``tensor`` axis or a ``tensor``
+  / ``expert`` axis of ``AxisType.Explicit`` (the messages name ``rollout.mesh``).
   """
 
   def __init__(self, model_config: ModelConfig, graphdef, tokenizer, *,
                max_concurrent_decodes: int = 32, max_prefill_length: int = 64,
                temperature: float = 1.0, seed: int = 0, mesh: Optional[jax.sharding.Mesh] = None,
-               kv_bucket: int = 32):
+               kv_bucket: int = 32, prefill_rows: str = "pow2"):
     if kv_bucket < 1:
-      raise ValueError(f"SAOEngine kv_bucket={kv_bucket} must be >= 1.")
+      raise ValueError(f"SAOEngine kv_bucket={kv_bucket} must be >= 1 (rollout.kv_bucket).")
+    if prefill_rows not in ("pow2", "all"):
+      raise ValueError(f"SAOEngine prefill_rows={prefill_rows!r} must be 'pow2' or 'all' "
+                       "(rollout.prefill_rows).")
+    self.prefill_rows = prefill_rows
     self.kv_bucket = int(kv_bucket)
     self.cfg = model_config
     self.graphdef = graphdef
@@ -661,8 +669,9 @@ class SAOEngine(engine_api.Engine):
     token that ended the turn, not yet cached) at ``starts[r]`` = its position, the slot's true
     length, followed by the observation's tokens. Rows are right-padded to a common length
     ``min(max(8, next power of two), max_prefill_length)``, and the row count to ``rows`` per
-    device of the mesh's data axis (default: the next power of two of the most chunks one
-    device's slots get, at most its slot count; padding rows write nowhere), so
+    device of the mesh's data axis (default: the engine's ``prefill_rows``, the next power of
+    two of the most chunks one device's slots get, at most its slot count, or that slot count;
+    padding rows write nowhere), so
     compiles stay few: one per (rows, length) for fresh prompts (which attend over their chunk
     only) and one per (rows, length) for appended chunks (which attend over the whole cache).
 
@@ -699,7 +708,8 @@ class SAOEngine(engine_api.Engine):
     local = self._slots // self._dp
     shard_of = [slot // local for slot in slots]
     most = max(shard_of.count(d) for d in range(self._dp))
-    rows = rows or min(1 << (most - 1).bit_length(), local)
+    rows = rows or (local if self.prefill_rows == "all"
+                    else min(1 << (most - 1).bit_length(), local))
     if rows < most:
       raise ValueError(f"prefill_insert: rows={rows} < {most} prompts for one device's slots")
     n_rows = rows * self._dp
