@@ -3,8 +3,10 @@
 ``python tests/multihost_ray_worker.py PROCESS_ID PORT RAY_ADDRESS OUT_DIR``: joins a 2-process
 CPU cluster (gloo, 2 local devices each -> mesh data=2 x fsdp=2), joins the test's Ray cluster,
 feeds its own rows from its own Ray rollout actor (``RaySource``, one actor per process, its own
-ledger), runs 3 SAO steps publishing the weights after each, and writes the trajectories it
-trained on, the losses and (process 0) the final params to OUT_DIR.
+ledger), runs 3 SAO steps publishing the weights after each, saves and restores an orbax
+checkpoint collectively, and writes the trajectories it trained on, the losses and (process 0)
+the final params, the learner's compile counts and whether the restore equals them to OUT_DIR;
+it prints the sockets it listens on while gloo is connected.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from sao_jax.rollout.ledger import PromptLedger  # noqa: E402
 from sao_jax.rollout.ray_local import init_ray  # noqa: E402
 from sao_jax.rollout.ray_source import RaySource  # noqa: E402
 from sao_jax.train import distributed, sharding  # noqa: E402
+from sao_jax.train.checkpoint import Checkpointer  # noqa: E402
 from sao_jax.train.learner import Learner, LearnerConfig  # noqa: E402
 import sharding_helpers as H  # noqa: E402
 
@@ -84,12 +87,30 @@ def main(pid: int, port: int, ray_address: str, out: str) -> None:
   finally:
     source.close()
   np.savez(os.path.join(out, f"trajs{pid}.npz"), losses=np.array(losses), **saved)
-  policy = multihost_utils.process_allgather(learner.policy.params, tiled=True)
-  critic = multihost_utils.process_allgather(learner.critic.params, tiled=True)
+  ck = Checkpointer(os.path.join(out, "ck"))
+  ck.save(STEPS, learner.states())
+  ck.wait()
+  restored = ck.restore(learner.restore_target())
+  ck.close()
+  gather = lambda t: multihost_utils.process_allgather(t, tiled=True)
+  policy, critic = gather(learner.policy.params), gather(learner.critic.params)
+  same = all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(policy),
+                                                  jax.tree.leaves(gather(restored["policy"].params))))
   if distributed.is_main_process():
     np.savez(os.path.join(out, "params.npz"), **H.flat(policy, "policy"),
              **H.flat(critic, "critic"))
-  print(f"process {pid}: losses {losses}", flush=True)
+    np.savez(os.path.join(out, "facts.npz"), restored_equal=same,
+             compiles=np.array(list(learner.compilations().values())))
+  print(f"process {pid}: losses {losses} restored_equal {same}", flush=True)
+  print(f"process {pid} listens on {listening()}", flush=True)  # while gloo is still connected
+
+
+def listening() -> list:
+  """[(ip, port), ...] this process listens on (the coordinator service on process 0, gloo's,
+  the Ray driver's and any other server's sockets)."""
+  import psutil  # pylint: disable=import-outside-toplevel  (installed with orbax / portpicker)
+  return sorted({(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN})
 
 
 if __name__ == "__main__":

@@ -213,7 +213,9 @@ def test_smollm2_greedy_answer_says_paris(smollm2):
 
 # ---- the main job from a Hugging Face folder ---------------------------------------------------
 @pytest.mark.slow
-def test_aime_config_runs_an_sao_step_from_a_tiny_hf_checkpoint(tmp_path):
+def test_aime_smoke_runs_the_tool_task_from_a_tiny_hf_checkpoint(tmp_path):
+  """``configs/aime.py:smoke`` end to end (its 2 SAO steps on the tool task) with the policy
+  loaded from a Hugging Face folder, as the config is used on an accelerator."""
   ckpt = str(tmp_path / "ckpt")
   vocab = _tiny_tokenizer_folder(ckpt)
   cfg = presets.get_preset("tiny-qwen3", vocab_size=vocab, d_model=32, head_dim=8, d_ff=64,
@@ -224,11 +226,12 @@ def test_aime_config_runs_an_sao_step_from_a_tiny_hf_checkpoint(tmp_path):
   proc = subprocess.run(
       [sys.executable, "-m", "sao_jax.main", "--config=configs/aime.py:smoke",
        f"--config.run_dir={run_dir}", f"--config.model.checkpoint_dir={ckpt}",
-       "--config.allow_random_init=False", "--config.train.num_steps=1"],
+       "--config.allow_random_init=False"],
       cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), capture_output=True, text=True,
       timeout=600, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   assert "policy loaded from hf checkpoint" in proc.stdout
   assert f"vocab_size={vocab}" in proc.stdout
+  assert "task tir_math: 8073 train / 4 eval problems" in proc.stdout
   records = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
-  assert sum("policy_loss" in r for r in records) == 1
+  assert sum("policy_loss" in r for r in records) == 2

@@ -6,9 +6,12 @@ dashboard, listening on 127.0.0.1 only), stop it at the end and check that no ``
 ``gcs_server`` process is left (``_ray_processes``).
 """
 
+import ast
 import dataclasses
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +24,7 @@ import pytest
 from flax import nnx
 
 from sao_jax import configs, roles
+from sao_jax.rollout.ray_local import is_loopback
 from sao_jax.rollout.weight_sync import WeightMismatchError, WeightPublisher, WeightPuller
 
 pytestmark = pytest.mark.slow  # every test here is slow (see pyproject's `slow` marker)
@@ -217,7 +221,8 @@ def test_an_actor_built_from_another_model_config_fails_take_at_once(ray_cluster
 def test_two_trainer_processes_with_ray_actors_equal_one_process(ray_cluster, tmp_path):
   """Two ``jax.distributed`` trainer processes (gloo), each fed by its own Ray rollout actor,
   run 3 SAO steps; one process on one device, given the same trajectories, gets the same losses
-  and params within 1e-5."""
+  and params within 1e-5. The learner's steps compile once, an orbax checkpoint saved and
+  restored by both processes gives back the params, and the coordinator listens on loopback."""
   import portpicker  # pylint: disable=import-outside-toplevel  (test-only dependency)
   from sao_jax.rollout.trajectory import Trajectory  # pylint: disable=import-outside-toplevel
   from sao_jax.train.learner import Learner, LearnerConfig  # pylint: disable=import-outside-toplevel
@@ -240,6 +245,19 @@ def test_two_trainer_processes_with_ray_actors_equal_one_process(ray_cluster, tm
         p.kill()
   for p, log in zip(procs, logs):
     assert p.returncode == 0, log[-3000:]
+  # a coordinator on localhost binds loopback (distributed.bind_address); gloo's sockets bind
+  # the address this machine's hostname resolves to (jax passes gloo no host): loopback when
+  # /etc/hosts maps the hostname to 127.x, as on this machine and Debian/Ubuntu defaults
+  socks = [ast.literal_eval(re.search(r"listens on (\[.*\])", log).group(1)) for log in logs]
+  print("listening:", socks)
+  coordinator = [ip for ip, p in socks[0] if p == port]
+  assert len(coordinator) == 1 and is_loopback(coordinator[0]), socks
+  hostname_ip = socket.gethostbyname(socket.gethostname())
+  assert all(is_loopback(ip) or ip.removeprefix("::ffff:") == hostname_ip
+             for s in socks for ip, _ in s), socks
+  facts = np.load(tmp_path / "facts.npz")
+  assert bool(facts["restored_equal"])
+  assert facts["compiles"].tolist() == [1, 1, 1, 1]
   got = [np.load(tmp_path / f"trajs{i}.npz") for i in range(2)]
   np.testing.assert_allclose(got[0]["losses"], got[1]["losses"], atol=0)  # replicated metrics
   c = roles.from_config(W.config())

@@ -13,24 +13,22 @@ Subprocesses (``--xla_force_host_platform_device_count=8``), two at once:
   * every objective / estimator field set on ``fsdp=-1`` changes the loss exactly as it does on
     one device; an orbax checkpoint saved on fsdp=8 restores on 4 devices and on 1 and goes on
     with the same losses;
-  * two ``jax.distributed`` processes (gloo) run 3 SAO steps equal to one process.
+  * (two ``jax.distributed`` processes (gloo) equal to one process, with a collective orbax
+    checkpoint: ``test_two_trainer_processes_with_ray_actors_equal_one_process`` in
+    ``tests/test_ray_source.py``, where each process is fed by its own Ray rollout actor.)
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import os
-import re
-import socket
 import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import portpicker
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -266,17 +264,11 @@ def test_every_mode_on_a_mesh_equals_one_device(eight_devices, mode, layout):
 def test_each_field_changes_the_loss_on_a_mesh_as_on_one_device(eight_devices):
   """policy loss, value loss and mean advantage of the second step, fsdp=-1 vs one device."""
   fields = eight_devices["fields"]
-  assert len(fields) == 10
+  assert len(fields) == 8
   for key, r in fields.items():
     np.testing.assert_allclose(r["fsdp=-1"], r["one device"], atol=TOL, rtol=1e-5, err_msg=key)
-    if key.startswith("default"):
-      continue
-    changed = np.abs(np.array(r["one device"]) - np.array(r["default"])).max()
-    if key == "dual_clip":
-      # acts only when the ratio to the old policy moves: with one update per batch the old
-      # policy is the current one (ratio 1), so the loss equals the default's
-      assert changed <= TOL, (key, changed)
-    else:
+    if key != "default":
+      changed = np.abs(np.array(r["one device"]) - np.array(r["default"])).max()
       assert changed > 1e-3, (key, changed)
 
 
@@ -339,52 +331,6 @@ def test_loopback_hosts_and_the_coordinator_bind_address(monkeypatch):
   assert distributed.bind_address("host0:1234") is None
   monkeypatch.setenv("JAX_COORDINATOR_BIND_ADDRESS", "[::]:1234")  # the user's choice wins
   assert distributed.bind_address("localhost:1234") is None
-
-
-@pytest.mark.slow
-def test_two_processes_match_one(tmp_path):
-  port = portpicker.pick_unused_port()
-  out = tmp_path / "out.npz"
-  procs = [_popen([os.path.join(TESTS, "multihost_worker.py"), str(i), str(port),
-                   str(tmp_path / "ck"), str(out)], 2) for i in range(2)]
-  logs = []
-  try:
-    for p in procs:
-      logs.append(_wait(p, 600))
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  assert "rows [0, 1, 2, 3, 4, 5, 6, 7]" in logs[0] and "rows [8, 9, 10" in logs[1]
-  # a coordinator on localhost binds loopback (distributed.bind_address); gloo's sockets bind
-  # the address this machine's hostname resolves to (jax passes gloo no host): loopback when
-  # /etc/hosts maps the hostname to 127.x, as on this machine and Debian/Ubuntu defaults
-  socks = [ast.literal_eval(re.search(r"listens on (\[.*\])", log).group(1)) for log in logs]
-  print("listening:", socks)
-  coordinator = [ip for ip, p in socks[0] if p == port]
-  assert len(coordinator) == 1 and is_loopback(coordinator[0]), socks
-  hostname_ip = socket.gethostbyname(socket.gethostname())
-  assert all(is_loopback(ip) or ip.removeprefix("::ffff:") == hostname_ip
-             for s in socks for ip, _ in s), socks
-  got = np.load(out)
-  assert bool(got["restored_equal"])
-  assert got["compiles"].tolist() == [1, 1, 1, 1]
-
-  # one process, one device, the same learner on the same global batches
-  pg, pp, cg, cp = H.make_models()
-  ref = Learner(H.learner_config("sao", policy_lr=1e-5, critic_lr=1e-5), pg, pp, cg, cp,
-                pad_id=0, vocab_size=64)
-  losses = []
-  for s in range(H.STEPS):
-    m = ref.train_step(H.make_trajectories(pg, pp, seed=20 + s, version=s), s)
-    losses.append([m["policy_loss"], m["value_loss"]])
-  np.testing.assert_allclose(got["losses"], losses, atol=TOL, rtol=0)
-  expected = {**H.flat(ref.policy.params, "policy"), **H.flat(ref.critic.params, "critic")}
-  assert len(expected) > 20
-  for k, v in expected.items():
-    np.testing.assert_allclose(got[k], v, atol=TOL, rtol=0, err_msg=k)
-  assert np.abs(expected["policy/embed/embedding"] - np.asarray(pp["embed"]["embedding"])).max() \
-      > 2e-5  # 3 steps really moved the params
 
 
 def test_learner_refuses_an_empty_batch_a_bad_reward_and_an_incomplete_group():

@@ -69,9 +69,11 @@ def main():
   # a flatter toy model (at init it puts ~0.94 on its top token), so the draws matter
   params["embed"]["embedding"] = params["embed"]["embedding"] * 0.3
   mesh = jax.sharding.Mesh(np.array(jax.devices()), ("data",))
-  # kv_bucket 32: three live-length buckets, so few compiles (crossing many buckets is tested on
-  # one device in test_engine.py)
-  kw = dict(max_concurrent_decodes=8, max_prefill_length=16, temperature=1.0, seed=3, kv_bucket=32)
+  # one live-length bucket (the whole 64-position cache) and every prefill padded to a device's 4
+  # slots, so few compiles (crossing buckets and row counts is tested on one device in
+  # test_engine.py)
+  kw = dict(max_concurrent_decodes=8, max_prefill_length=16, temperature=1.0, seed=3, kv_bucket=64,
+            prefill_rows="all")
   one, st1 = calls(SAOEngine(CFG, graphdef, Tok(), **kw), params)
   split_engine = SAOEngine(CFG, graphdef, Tok(), mesh=mesh, **kw)
   two, st2 = calls(split_engine, params)
