@@ -80,27 +80,45 @@ def test_mutations_and_fix_edit_on_a_hand_example():
   assert swe_lite.fix_edit("def f(x):\n  return x + 1\n", src) == (
       "def f(x):", "def f(x):\n  if x < 0:\n    return 0")
   assert swe_lite.fix_edit("a\nb\na\n", "a\nc\na\n") == ("b", "c")
+  # line-addressed: the changed token, widened until unique in its line
+  assert swe_lite.fix_edit_in_line(src.replace("x < 0", "x <= 0"), src) == (2, "<=", "<")
+  assert swe_lite.fix_edit_in_line(src.replace("x + 1", "x - 1"), src) == (4, "-", "+")
+  assert swe_lite.fix_edit_in_line("  r = range(1, n + 1)", "  r = range(2, n + 1)") == (
+      1, "(1", "(2")
+  assert swe_lite.fix_edit_in_line("  return a or x < b", "  return a or x <= b") == (
+      1, "<", "<=")
+  assert swe_lite.fix_edit_in_line("  f(x <= 1) or x < 2", "  f(x <= 1) or x <= 2") == (
+      1, " x <", " x <=")
+  assert swe_lite.fix_edit_in_line("def f(x):\n  return x + 1\n", src) is None  # two lines
 
 
 def test_demonstrations_solve_a_minority_and_have_long_observations(instances):
-  train = instances["train"][:9]
+  train = instances["train"][:12]
   env = WorkspaceEnv(TOK, train, max_turns=8, backend=BACKEND, system=swe_lite.SYSTEM)
   rng = np.random.default_rng(0)
   rewards, obs = {}, []
-  for inst, kind in zip(train, ["fix", "wrong", "give_up"] * 3):
-    ids, mask, r = swe_lite.make_demo(env, inst, swe_lite.demo_actions(inst, kind, rng))
+  for inst, kind in zip(train, ["fix", "retry", "wrong", "give_up"] * 3):
+    actions = swe_lite.demo_actions(inst, kind, rng)
+    if kind == "retry" and inst.meta["kind"] != "missing_edge_case":  # wrong edit, undo, fix
+      assert [a.split()[0][3:] for a in actions] == [
+          "view", "test", "replace", "test", "undo", "replace", "test", "finish"]
+      assert actions[5].startswith(f"```replace {inst.meta['module']}.py ")  # line-addressed fix
+    ids, mask, r = swe_lite.make_demo(env, inst, actions)
     rewards.setdefault(kind, []).append(r)
     prompt = len(env.prompt_ids(env.problems()[0]))
     obs.append(len(ids) - sum(mask) - len(env.prompt_ids(
         next(p for p in env.problems() if p.id == inst.instance_id))))
     assert len(ids) == len(mask) and prompt > 0
-  assert rewards == {"fix": [1.0] * 3, "wrong": [0.0] * 3, "give_up": [0.0] * 3}
+  assert rewards == {"fix": [1.0] * 3, "retry": [1.0] * 3, "wrong": [0.0] * 3,
+                     "give_up": [0.0] * 3}
   print(f"observation tokens per demonstration: mean {np.mean(obs):.0f}, min {min(obs)}")
   assert min(obs) >= 100
   demos = swe_lite.make_sft_dataset(env, train, p_fix=0.3, seed=0, num_demos=12)
   assert len(demos) == 12 and all(len(i) == len(m) for i, m in demos)
   with pytest.raises(ValueError, match="sft.p_tool"):
     swe_lite.make_sft_dataset(env, train, p_fix=1.5, seed=0)
+  with pytest.raises(ValueError, match="demo kind"):
+    swe_lite.demo_actions(train[0], "patch", rng)
 
 
 def test_batch_metrics_count_observation_tokens_after_the_prompt():

@@ -59,6 +59,31 @@ def _obs(st):
 
 # ---- tool-call parsing and confinement ------------------------------------------------------
 
+
+def test_line_addressed_replace_and_undo():
+  """``replace PATH LINE``: OLD must occur once in that line (a hand example where it occurs
+  in other lines too); ``undo`` restores the text before the last edit, a created file is
+  deleted, and nothing left to undo is an error."""
+  env = _env(_instance(files={"calc.py": "a = 1\nb = 1\n", "tests/test_calc.py": VISIBLE}))
+  ep = env.begin_episode(env.problems()[0])
+  assert "occurs 2 times" in _obs(_step(env, ep, 0, _call("replace", "calc.py", "1\n=======\n2")))
+  st = _step(env, ep, 0, _call("replace", "calc.py 2", "1\n=======\n2"))
+  assert st.info["tool_error"] is None and _obs(st) == "\nedited calc.py\n2| b = 2\n```\n"
+  assert "outside 1-3" in _obs(_step(env, ep, 0, _call("replace", "calc.py 7", "1\n=======\n2")))
+  assert "occurs 0 times in line 1" in _obs(
+      _step(env, ep, 0, _call("replace", "calc.py 1", "b\n=======\nc")))
+  assert "usage: replace PATH [LINE]" in _obs(
+      _step(env, ep, 0, _call("replace", "calc.py x", "1\n=======\n2")))
+  assert _obs(_step(env, ep, 0, _call("undo", "calc.py"))) == "\nreverted calc.py\n2| b = 1\n```\n"
+  assert ep.workspace.snapshot()["calc.py"] == "a = 1\nb = 1\n"
+  assert "no edit of calc.py" in _obs(_step(env, ep, 0, _call("undo", "calc.py")))
+  _step(env, ep, 0, _call("create", "new.py", "x = 1"))
+  assert "deleted" in _obs(_step(env, ep, 0, _call("undo", "new.py")))
+  assert "new.py" not in ep.workspace.snapshot()
+  assert "absolute" in _obs(_step(env, ep, 0, _call("undo", "/etc/passwd")))
+  env.end_episode(ep)
+
+
 def test_parse_tool_call_takes_the_last_block_before_the_output_fence():
   text = "look\n```view a.py\n```\nthen\n```replace a.py\nx = 1\n=======\nx = 2\n```\n```output"
   assert parse_tool_call(text) == ("replace", "a.py", "x = 1\n=======\nx = 2")

@@ -26,10 +26,14 @@ of the modules are held out), so no held-out instance shares code with a trainin
 Demonstrations (``make_sft_dataset``)
 -------------------------------------
 Whole episodes replayed through ``WorkspaceEnv`` (real observations): ``view NAME.py`` ->
-``test`` -> then, w.p. ``p_fix``, ``replace`` (the gold fix) -> ``test`` -> ``finish``; otherwise
-half of the demos make a wrong edit (another mutation of the same file) -> ``test`` -> ``finish``
-and half give up (``finish`` after the first test run). So a minority of demos resolve their
-instance, and RL has to learn to make the edit, and the right one.
+``test`` -> then, w.p. ``p_fix``, a resolving episode: half of them ``replace`` (the gold fix)
+-> ``test`` -> ``finish`` ("fix"), half first make a wrong edit (another mutation of the same
+file that the visible tests catch), ``test`` and ``undo`` it, then the fix ("retry"). Otherwise
+three quarters make such a wrong edit, ``test`` and ``finish`` ("wrong"), one quarter give up
+(``finish`` after the first test run). So a minority of demos resolve their instance; RL has to
+learn which edit is right and to keep trying while the tests fail. Single-line edits use the
+line-addressed form (``replace NAME.py LINE`` with the smallest OLD unique in that line:
+``fix_edit_in_line``), so the model writes a line number and an operator, not a copied line.
 """
 
 from __future__ import annotations
@@ -51,10 +55,12 @@ from sao_jax.envs.tir_math import sandbox_check
 from sao_jax.envs.workspace import SandboxBackend, WorkspaceEnv
 
 __all__ = ["KINDS", "SYSTEM", "split_of", "mutants", "make_instances", "demo_actions",
-           "make_demo", "make_sft_dataset", "fix_edit"]
+           "make_demo", "make_sft_dataset", "fix_edit", "fix_edit_in_line", "DEMO_KINDS"]
 
 KINDS = ("comparison", "operator", "off_by_one", "missing_edge_case")
-SYSTEM = "Fix the bug. Tools: view, test, replace, finish."
+DEMO_KINDS = ("fix", "retry", "wrong", "give_up")
+_CASES = {name: cases for name, _, cases in MODULES}
+SYSTEM = "Fix the bug. Tools: view, test, replace, undo, finish."
 EVAL_MODULE_FRACTION = 0.35
 _CMP = {"<=": ("<", ">"), ">=": (">", "<"), "<": ("<=", ">"), ">": (">=", "<"), "==": ("!=",),
         "!=": ("==",), "and": ("or",), "or": ("and",)}
@@ -153,6 +159,49 @@ def fix_edit(broken: str, fixed: str) -> tuple[str, str]:
       i1, j1 = i1 - 1, j1 - 1
 
 
+_TOKEN_CLASS = (r"\w", r"[<>=!+\-*/%]")
+
+
+def fix_edit_in_line(broken: str, fixed: str) -> Optional[tuple[int, str, str]]:
+  """``(LINE, OLD, NEW)`` for the line-addressed ``replace PATH LINE`` turning ``broken`` into
+  ``fixed`` when they differ in one line (else None): the changed characters, widened to whole
+  tokens (a word or an operator) and then by one character at a time until OLD occurs once in
+  that line. LINE is 1-based. Example: ``"  if x < lo:"`` -> ``"  if x <= lo:"`` gives
+  ``(2, "<", "<=")`` (when it is line 2)."""
+  a, b = broken.split("\n"), fixed.split("\n")
+  if len(a) != len(b):
+    return None
+  diff = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+  if len(diff) != 1:
+    return None
+  i = diff[0]
+  x, y = a[i], b[i]
+  pre = 0
+  while pre < min(len(x), len(y)) and x[pre] == y[pre]:
+    pre += 1
+  suf = 0
+  while suf < min(len(x), len(y)) - pre and x[-1 - suf] == y[-1 - suf]:
+    suf += 1
+  lo, hi_x, hi_y = pre, len(x) - suf, len(y) - suf  # x[lo:hi_x] -> y[lo:hi_y]
+  for cls in _TOKEN_CLASS:  # widen to whole tokens of the changed characters' class
+    changed = x[lo:hi_x] + y[lo:hi_y]
+    if changed and all(re.fullmatch(cls, c) for c in changed) or not changed and (
+        lo > 0 and re.fullmatch(cls, x[lo - 1]) or hi_x < len(x) and re.fullmatch(cls, x[hi_x])):
+      while lo > 0 and re.fullmatch(cls, x[lo - 1]):
+        lo -= 1
+      while hi_x < len(x) and re.fullmatch(cls, x[hi_x]):
+        hi_x, hi_y = hi_x + 1, hi_y + 1
+      break
+  while not x[lo:hi_x] or x.count(x[lo:hi_x]) != 1:
+    if lo > 0:
+      lo -= 1
+    elif hi_x < len(x):
+      hi_x, hi_y = hi_x + 1, hi_y + 1
+    else:
+      break
+  return i + 1, x[lo:hi_x], y[lo:hi_y]
+
+
 def _test_file(name: str, cases) -> str:
   body = "".join(f"\n\ndef test_{k + 1}():\n  assert {call} == {exp}\n"
                  for k, (call, exp) in enumerate(cases))
@@ -202,32 +251,39 @@ def _call(tool: str, args: str = "", body: str = "") -> str:
   return f"```{tool}{' ' + args if args else ''}\n{body + chr(10) if body else ''}```\n```output"
 
 
+def _edit(path: str, broken: str, target: str) -> str:
+  """The ``replace`` call turning ``broken`` into ``target``: line-addressed when one line
+  changes (``fix_edit_in_line``), else whole lines (``fix_edit``)."""
+  one = fix_edit_in_line(broken, target)
+  if one is not None:
+    line, old, new = one
+    return _call("replace", f"{path} {line}", f"{old}\n=======\n{new}")
+  old, new = fix_edit(broken, target)
+  return _call("replace", path, f"{old}\n=======\n{new}")
+
+
 def demo_actions(instance: Instance, kind: str, rng: np.random.Generator) -> list[str]:
-  """Action texts of one demonstration: ``kind`` "fix" | "wrong" | "give_up" (module doc)."""
+  """Action texts of one demonstration, ``kind`` one of ``DEMO_KINDS`` (module doc). Raises
+  ValueError for another kind."""
+  if kind not in DEMO_KINDS:
+    raise ValueError(f"demo kind must be one of {DEMO_KINDS}, got {kind!r}")
   name = instance.meta["module"]
   path = f"{name}.py"
+  broken = instance.files[path]
   head = [_call("view", path), _call("test")]
   if kind == "give_up":
     return head + [_call("finish")]
-  if kind == "fix":
-    old, new = instance.meta["fix_old"], instance.meta["fix_new"]
-  elif kind == "wrong":
-    broken = instance.files[path]
-    cands = [src for _, src in mutants(broken)
-             if src != instance.test_files and _fix_differs(src, broken, instance)]
-    if not cands:
-      return head + [_call("finish")]
-    old, new = fix_edit(broken, cands[int(rng.integers(len(cands)))])
-  else:
-    raise ValueError(f"demo kind must be 'fix', 'wrong' or 'give_up', got {kind!r}")
-  return head + [_call("replace", path, f"{old}\n=======\n{new}"), _call("test"),
-                 _call("finish")]
-
-
-def _fix_differs(src: str, broken: str, instance: Instance) -> bool:
-  """A wrong edit: it changes the file but does not restore the original."""
-  old, new = instance.meta["fix_old"], instance.meta["fix_new"]
-  return src != broken.replace(old, new, 1)
+  fixed = broken.replace(instance.meta["fix_old"], instance.meta["fix_new"], 1)
+  visible = _CASES[name][:-1]
+  cands = [src for _, src in mutants(broken)
+           if src != fixed and not all(_cases_pass(src, name, visible))]
+  tries = []
+  if kind in ("retry", "wrong") and cands:  # one wrong edit that the visible tests catch
+    tries = [_edit(path, broken, cands[int(rng.integers(len(cands)))]), _call("test")]
+  if kind == "wrong":
+    return head + tries + [_call("finish")]
+  fix = [_edit(path, broken, fixed), _call("test"), _call("finish")]
+  return head + (tries + [_call("undo", path)] if tries else []) + fix
 
 
 def make_demo(env: WorkspaceEnv, instance: Instance, actions: Sequence[str]
@@ -258,7 +314,8 @@ def make_demo(env: WorkspaceEnv, instance: Instance, actions: Sequence[str]
 def make_sft_dataset(env: WorkspaceEnv, instances: Sequence[Instance], p_fix: float, seed: int,
                      num_demos: int = 0, workers: int = 4) -> list[tuple[list[int], list[int]]]:
   """``num_demos`` demonstrations (0 = one per instance), cycling over ``instances`` (module
-  doc): the fix w.p. ``p_fix``, else a wrong edit or giving up (equally likely). Deterministic in
+  doc): a resolving episode w.p. ``p_fix`` ("fix" or "retry", equally likely), else "wrong"
+  (3/4) or "give_up" (1/4). Deterministic in
   ``seed``; episodes replayed on ``workers`` threads (each test run is a sandbox process).
   Raises ValueError for ``p_fix`` outside [0, 1]."""
   if not 0.0 <= p_fix <= 1.0:
@@ -268,7 +325,8 @@ def make_sft_dataset(env: WorkspaceEnv, instances: Sequence[Instance], p_fix: fl
   plans = []
   for inst in itertools.islice(itertools.cycle(instances), num_demos or len(instances)):
     u = rng.random()
-    kind = "fix" if u < p_fix else ("wrong" if u < p_fix + (1 - p_fix) / 2 else "give_up")
+    kind = ("fix" if u < p_fix / 2 else "retry" if u < p_fix
+            else "wrong" if u < p_fix + 0.75 * (1 - p_fix) else "give_up")
     plans.append((inst, demo_actions(inst, kind, rng)))
   with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
     demos = list(pool.map(lambda p: make_demo(env, *p), plans))

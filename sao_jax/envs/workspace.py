@@ -12,11 +12,15 @@ the turn's stop string (``STOP_STRINGS``)::
     ```                            a folder = its file list)
     ```output
 
-    ```replace calc.py            replace the one occurrence of OLD by NEW (error if OLD occurs
-    OLD                            0 or several times)
-    =======
-    NEW
+    ```replace calc.py [LINE]     replace the one occurrence of OLD by NEW (error if OLD occurs
+    OLD                            0 or several times); with LINE, OLD must occur once in that
+    =======                        line and only that line changes (SWE-agent's line-addressed
+    NEW                            edit, for models that cannot copy whole lines)
     ```
+    ```output
+
+    ```undo calc.py               revert the last replace / create of that file (OpenHands'
+    ```                            ``undo_edit``)
     ```output
 
     ```create notes/x.py          create a new file with the body as its content (no overwrite)
@@ -98,12 +102,13 @@ __all__ = ["Workspace", "PathError", "TestReport", "TestBackend", "SandboxBacken
 
 OUTPUT_FENCE = "```output"
 STOP_STRINGS: tuple[str, ...] = (OUTPUT_FENCE,)
-TOOLS = ("view", "replace", "create", "test", "finish")
+TOOLS = ("view", "replace", "undo", "create", "test", "finish")
 SEPARATOR = "======="
 INSTRUCTION = (
     "Fix the issue in the repository. Tools (one per turn, then stop):\n"
     "```view PATH [START END]\n```\n```output\n"
-    "```replace PATH\nOLD\n=======\nNEW\n```\n```output\n"
+    "```replace PATH [LINE]\nOLD\n=======\nNEW\n```\n```output\n"
+    "```undo PATH\n```\n```output\n"
     "```create PATH\nCONTENT\n```\n```output\n"
     "```test [TEST_ID]\n```\n```output\n"
     "```finish\n```\n```output\n"
@@ -138,6 +143,7 @@ class Workspace:
   def __init__(self, files: Mapping[str, str]):
     self.root = os.path.realpath(tempfile.mkdtemp(prefix="sao-ws-"))
     self._finalizer = weakref.finalize(self, shutil.rmtree, self.root, True)
+    self._history: dict[str, list[Optional[str]]] = {}  # path -> texts before each edit
     for rel, text in files.items():
       full = self.resolve(rel)
       os.makedirs(os.path.dirname(full), exist_ok=True)
@@ -188,23 +194,56 @@ class Workspace:
       raise ValueError(f"{path}: line range {start}-{end} outside 1-{len(lines)}")
     return "\n".join(f"{i}| {lines[i - 1]}" for i in range(lo, hi + 1))
 
-  def replace(self, path: str, old: str, new: str) -> str:
-    """Replaces the one occurrence of ``old`` in a file by ``new``; returns the edited lines as
+  def replace(self, path: str, old: str, new: str, line: Optional[int] = None) -> str:
+    """Replaces the one occurrence of ``old`` in a file (or, with ``line``, 1-based, in that
+    line, which must not contain a newline of ``old``) by ``new``; returns the edited lines as
     ``view`` shows them. Raises PathError / FileNotFoundError / ValueError (``old`` empty, found
-    0 or several times, or the result too large)."""
+    0 or several times, ``line`` outside the file, or the result too large)."""
     full = self.resolve(path)
     if not os.path.isfile(full):
       raise FileNotFoundError(f"{path}: no such file")
     if not old:
       raise ValueError("replace: OLD is empty")
     text = _read(full)
-    n = text.count(old)
-    if n != 1:
-      raise ValueError(f"replace: OLD occurs {n} times in {path}; it must occur exactly once")
-    out = text.replace(old, new)
+    if line is None:
+      n = text.count(old)
+      if n != 1:
+        raise ValueError(f"replace: OLD occurs {n} times in {path}; it must occur exactly once")
+      start = text.index(old)
+    else:
+      lines = text.split("\n")
+      if not 1 <= line <= len(lines):
+        raise ValueError(f"replace: line {line} outside 1-{len(lines)} of {path}")
+      if "\n" in old:
+        raise ValueError("replace: with a LINE, OLD must be part of that one line")
+      n = lines[line - 1].count(old)
+      if n != 1:
+        raise ValueError(f"replace: OLD occurs {n} times in line {line} of {path}; it must "
+                         "occur exactly once there")
+      start = sum(len(x) + 1 for x in lines[:line - 1]) + lines[line - 1].index(old)
+    out = text[:start] + new + text[start + len(old):]
     _write(full, out)
-    first = text[:text.index(old)].count("\n") + 1
+    self._history.setdefault(full, []).append(text)
+    first = text[:start].count("\n") + 1
     return f"edited {path}\n" + self.view(path, first, first + new.count("\n"))
+
+  def undo(self, path: str) -> str:
+    """Reverts the last ``replace`` / ``create`` of a file (a created file is deleted); returns
+    the restored lines as ``view`` shows them. Raises PathError / ValueError (nothing to undo)."""
+    full = self.resolve(path)
+    stack = self._history.get(full)
+    if not stack:
+      raise ValueError(f"undo: no edit of {path} to undo")
+    before = stack.pop()
+    if before is None:
+      os.remove(full)
+      return f"reverted {path} (deleted)"
+    now = _read(full) if os.path.isfile(full) else ""
+    _write(full, before)
+    a, b = now.split("\n"), before.split("\n")
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    last = first + max(0, len(b) - len(a))
+    return f"reverted {path}\n" + self.view(path, min(first + 1, len(b)), min(last + 1, len(b)))
 
   def create(self, path: str, content: str) -> str:
     """Creates a new file (and its folders). Raises PathError / FileExistsError / ValueError
@@ -214,6 +253,7 @@ class Workspace:
       raise FileExistsError(f"{path}: already exists; edit it with replace")
     os.makedirs(os.path.dirname(full), exist_ok=True)
     _write(full, content)
+    self._history.setdefault(full, []).append(None)
     return f"created {path} ({content.count(chr(10)) + 1} lines)"
 
   def list_files(self, under: Optional[str] = None) -> list[str]:
@@ -616,15 +656,19 @@ class WorkspaceEnv:
         rng = (int(argv[1]), int(argv[2])) if len(argv) == 3 else (None, None)
         return ws.view(argv[0], *rng), None
       if tool == "replace":
-        if len(argv) != 1:
-          return "error: usage: replace PATH, then OLD, a line =======, NEW", "usage"
+        if len(argv) not in (1, 2) or (len(argv) == 2 and not argv[1].isdigit()):
+          return "error: usage: replace PATH [LINE], then OLD, a line =======, NEW", "usage"
         old, sep, new = body.partition("\n" + SEPARATOR + "\n")
         if not sep:
           if body.endswith("\n" + SEPARATOR):  # NEW empty: delete OLD
             old, new = body[:-len(SEPARATOR) - 1], ""
           else:
             return f"error: replace needs a line {SEPARATOR} between OLD and NEW", "usage"
-        return ws.replace(argv[0], old, new), None
+        return ws.replace(argv[0], old, new, int(argv[1]) if len(argv) == 2 else None), None
+      if tool == "undo":
+        if len(argv) != 1:
+          return "error: usage: undo PATH", "usage"
+        return ws.undo(argv[0]), None
       if tool == "create":
         if len(argv) != 1:
           return "error: usage: create PATH, then the content", "usage"
