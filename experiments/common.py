@@ -428,5 +428,5 @@ Setting (fixed in the script): {setting}
 **Verdict: not run yet.** The full setting did not fit in the time of the session that built the
 script (2 shared CPU cores){reason}; run the command above and this section is replaced with the
 table, the plot and the verdict. The `--quick` variant runs in the test suite
-(`tests/test_experiments.py`) and only checks the pipeline.
+(`tests/integration/test_experiments.py`) and only checks the pipeline.
 """)

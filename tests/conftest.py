@@ -20,7 +20,12 @@ the tests keep JAX's and XLA's defaults.
 import atexit
 import os
 import shutil
+import sys
 import tempfile
+
+# Test files live in tests/unit/<layer>/ and tests/integration/; their shared helpers
+# (repo_paths, oracles, fixtures, subprocess workers) stay in tests/ and are imported from here.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 TEST_XLA_FLAG = "--xla_backend_optimization_level=0"
 

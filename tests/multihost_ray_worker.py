@@ -1,4 +1,5 @@
-"""One trainer process of the two-process ``jax.distributed`` + Ray test (tests/test_ray_source.py).
+"""One trainer process of the two-process ``jax.distributed`` + Ray test
+(tests/integration/test_ray_source.py).
 
 ``python tests/multihost_ray_worker.py PROCESS_ID PORT RAY_ADDRESS OUT_DIR``: joins a 2-process
 CPU cluster (gloo, 2 local devices each -> mesh data=2 x fsdp=2), joins the test's Ray cluster,

@@ -1,4 +1,5 @@
-"""Subprocess worker of tests/test_sharded_load.py (XLA_FLAGS gives 8 CPU devices before JAX
+"""Subprocess worker of tests/unit/models/test_sharded_load.py (XLA_FLAGS gives 8 CPU devices before
+JAX
 starts).
 
 ``python tests/sharded_load_worker.py DIR OUT.json``: writes a tiny Qwen3-MoE Hugging Face

@@ -1,4 +1,5 @@
-"""Subprocess worker of tests/test_sharding.py (XLA_FLAGS gives 8 CPU devices before JAX starts).
+"""Subprocess worker of tests/unit/train/test_sharding.py (XLA_FLAGS gives 8 CPU devices before JAX
+starts).
 
 With the one ``Learner``:
 ``python tests/sharding_worker.py modes OUT.json``: every mode (sao, vapo, grpo_async, grpo_sync)

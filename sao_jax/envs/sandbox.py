@@ -63,7 +63,7 @@ def sandbox_uid() -> int:
   counter, mod ``UID_COUNT``). RLIMIT_NPROC counts all processes of a uid, so concurrent runs
   (``rollout.env_workers`` threads, several trainer processes) must not share one: with a shared
   ``nobody`` a fork bomb held the count and the other sandboxes' setup ``fork`` failed with
-  EAGAIN (seen in ``tests/test_tir_math.py`` under load)."""
+  EAGAIN (seen in ``tests/unit/envs/test_tir_math.py`` under load)."""
   return UID_BASE + (os.getpid() * 7919 + next(_uid_counter)) % UID_COUNT
 
 

@@ -510,7 +510,7 @@ class Transformer(nnx.Module):
 
   No-cache calls (training, scoring) follow ``cfg.remat`` and ``cfg.scan_layers``; cached calls
   (prefill, decode) always run the blocks unrolled without ``jax.checkpoint``. The results agree
-  whatever the two fields (float32: to rounding, ``tests/test_remat.py``).
+  whatever the two fields (float32: to rounding, ``tests/unit/models/test_remat.py``).
 
   ``cfg.remat``: each block of the forward is one ``jax.checkpoint`` (``block_fn``). Unrolled,
   the saving depends on the compiler keeping the recomputation apart from the forward: the TPU

@@ -52,10 +52,12 @@ all-gather into every cache write; ``slot_prefix`` reads a slot out with one ``p
 ``tensor`` and ``expert`` stay automatic, so XLA's SPMD partitioner inserts their collectives
 (all-reduces after the o / down / expert projections, gathers of small activations where an
 op needs a whole axis, such as the sampler's logits and the router's scores; no weight is
-gathered in a decode step: ``tests/test_engine_tensor_parallel.py``). Sums split over devices
-change float32 rounding, so log-probs match one device within the tests' 1e-5, not bit for bit.
+gathered in a decode step: ``tests/unit/rollout/test_engine_tensor_parallel.py``). Sums split over
+devices change float32 rounding, so log-probs match one device within the tests' 1e-5, not
+bit for bit.
 A row's uniforms are its slice of one draw for all rows, so the tokens are those of one device
-(``tests/test_engine_data_parallel.py``, ``tests/test_engine_tensor_parallel.py``). On a CPU
+(``tests/unit/rollout/test_engine_data_parallel.py``,
+``tests/unit/rollout/test_engine_tensor_parallel.py``). On a CPU
 host the ``data`` axis is how the engine uses several cores: XLA:CPU spreads one small decode
 step poorly over two threads, while two host devices (``--xla_force_host_platform_device_count
 =2``: two XLA devices, whose programs can run at the same time) each decoding half the slots

@@ -14,7 +14,8 @@ handled here and nowhere else:
    JetStream. Then this module defines the API's base classes itself (``_Fallback*`` below:
    ``engine_api.Engine`` with the same abstract methods, ``ResultTokens`` / ``SlotData`` with the
    same fields, ``tokenizer_api.Tokenizer``, ``tokenizer_pb2.TokenizerParameters``) so the engine
-   and the main job work; ``tests/test_engine.py`` checks them against JetStream's (names,
+   and the main job work; ``tests/unit/rollout/test_engine.py`` checks them against JetStream's
+   (names,
    fields, abstract methods) whenever JetStream is installed. ``HAVE_JETSTREAM`` says which.
    Code that needs JetStream itself (its orchestrator) installs it: ``JETSTREAM_INSTALL``.
 

@@ -7,7 +7,7 @@ worker, the agents) then listen on every interface (``::`` / ``0.0.0.0``) or on 
 ``ray.init(_node_ip_address="127.0.0.1")`` does not help: Ray replaces a loopback node IP by the
 external one. Ray's own switch for macOS / Windows, where a local Ray is loopback-only by
 default, does: with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` the node IP is 127.0.0.1 and each of
-those processes binds 127.0.0.1 (``tests/test_resume.py::
+those processes binds 127.0.0.1 (``tests/integration/test_resume.py::
 test_killed_async_run_resumes_and_consumes_every_prompt_once[ray]`` lists them). The
 ``jax.experimental.transfer`` servers of the weight sync bind the node IP
 (``weight_sync.node_ip``), so they are on loopback too.

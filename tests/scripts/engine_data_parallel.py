@@ -1,4 +1,5 @@
-"""Run with 2 forced CPU devices (``tests/test_engine_data_parallel.py``): ``SAOEngine`` on a
+"""Run with 2 forced CPU devices (``tests/unit/rollout/test_engine_data_parallel.py``):
+``SAOEngine`` on a
 2-device mesh (slots split over the ``data`` axis; Auto and Explicit axis types) against the
 same engine on one device, call for call, and a multi-turn ``RolloutWorker`` on each. Prints one
 JSON line of what it measured; the test asserts on it."""

@@ -1,4 +1,5 @@
-"""Run with 8 forced CPU devices (``tests/test_engine_tensor_parallel.py``): ``SAOEngine`` on
+"""Run with 8 forced CPU devices (``tests/unit/rollout/test_engine_tensor_parallel.py``):
+``SAOEngine`` on
 meshes with ``tensor`` and ``expert`` axes (weights and KV cache split over them, slots over
 ``data``) against the same engine on one device, call for call, on a tiny Qwen3-MoE. Prints one
 JSON line of what it measured; the test asserts on it."""

@@ -1,4 +1,5 @@
-"""Run by tests/test_placement.py with 8 forced CPU devices: a weight publish from a learner
+"""Run by tests/unit/rollout/test_placement.py with 8 forced CPU devices: a weight publish from a
+learner
 sharded over 4 devices (``fsdp=4``) into a 4-device rollout mesh, device to device.
 
 Prints one JSON line per target layout (``placement.serving_shardings``, the engine's layout:

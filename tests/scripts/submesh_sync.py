@@ -1,4 +1,5 @@
-"""Run by tests/test_placement.py with 8 forced CPU devices: engine on 4, trainer on 4; weights
+"""Run by tests/unit/rollout/test_placement.py with 8 forced CPU devices: engine on 4, trainer on 4;
+weights
 published device to device into the engine's layout (``Learner.policy_params(shardings)``)."""
 import dataclasses
 import json

@@ -1,4 +1,5 @@
-"""Run with 4 forced CPU devices (``tests/test_weight_pull.py``): a receiver whose parameters
+"""Run with 4 forced CPU devices (``tests/unit/rollout/test_weight_pull.py``): a receiver whose
+parameters
 are laid out over a 2 x 2 ``(data, tensor)`` mesh (one leaf split over ``tensor``, one over both
 axes, one replicated) pulls a published version by ``jax.experimental.transfer`` in buckets.
 Prints one JSON line of what it measured; the test asserts on it."""
