@@ -274,7 +274,8 @@ def test_expert_sharded_routed_equals_one_device(tmp_path):
   out = tmp_path / "moe.json"
   env = dict(os.environ, XLA_FLAGS=with_test_xla_flags("--xla_force_host_platform_device_count=8"),
              JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
-  from repo_paths import ROOT
+  from repo_paths import ROOT, TESTS
+  env["PYTHONPATH"] = os.pathsep.join([TESTS, ROOT])  # this file runs as a script: its helpers
   proc = subprocess.run([sys.executable, os.path.abspath(__file__), "sharded", str(out)], cwd=ROOT,
                         env=env, capture_output=True, text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
