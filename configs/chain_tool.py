@@ -7,7 +7,8 @@ UTC, load ~3-5, `sft.cache_dir` warm): warm start 11.5% greedy on 200 held-out p
 steps -> 50.0% (+38.5 pts; 50% at step 20), explained variance 0.61 mean over the last 10 steps
 (0.24-0.82 over the last 20), 265 s wall.
 `python -m sao_jax.main --config=configs/chain_tool.py [--config.sft.cache_dir=runs/sft_cache]`;
-variant `configs/chain_tool.py:smoke` runs a few steps only.
+variant `configs/chain_tool.py:smoke` runs a few steps only; `:long_obs` pads every tool output with
+100 noise characters (experiments/ablations.py's naive-GAE cell).
 """
 
 import ml_collections
@@ -35,7 +36,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.critic_warmup_steps = 10        # value pre-training on warm-start rollouts (10 x 32)
   c.train.num_steps = 60                  # policy steps (most of the gain comes by step 20)
 
-  if variant == "smoke":                  # a wiring check (tiny model, 2 steps), not a result
+  if variant == "long_obs":               # tool outputs of 100+ tokens (naive-GAE ablation)
+    c.task.obs_pad = 100                  # <obs> + 100 noise chars + =RESULT</obs>: ~108 tokens
+    c.model.max_seq_len = 160 + 5 * 104   # 5 calls' padding on top of the plain episode
+    c.run_dir = "runs/chain_tool_long_obs"
+  elif variant == "smoke":                # a wiring check (tiny model, 2 steps), not a result
     c.task.n_train, c.task.n_eval = 64, 8
     c.model.d_model, c.model.n_layers, c.model.d_ff = 32, 1, 64
     c.model.n_heads, c.model.n_kv_heads, c.model.head_dim = 2, 1, 16
@@ -48,5 +53,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.rollout.kv_bucket = c.model.max_seq_len  # fewest compiles (a wiring check): one decode
     c.rollout.prefill_rows = "all"             # program per shape, one prefill per length
   elif variant:
-    raise ValueError(f"unknown variant {variant!r} of configs/chain_tool.py; use '' or 'smoke'.")
+    raise ValueError(f"unknown variant {variant!r} of configs/chain_tool.py; use '', 'long_obs' "
+                     "or 'smoke'.")
   return c

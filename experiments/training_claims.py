@@ -32,6 +32,7 @@ def fixed_delay(d: int) -> dict:
 
 
 TRAIN_METRICS = ("eval_accuracy", "reward_mean", "explained_variance", "critic_grad_norm",
+                 "critic_grad_norm_attn", "critic_grad_norm_rest",
                  "masked_fraction", "value_loss", "staleness_mean", "policy_grad_norm",
                  "value_mean", "value_min", "value_max", "advantage_mean", "ratio_min",
                  "ratio_max", "baseline_nonempty_fraction")

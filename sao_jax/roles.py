@@ -102,6 +102,8 @@ class Task:
   system_prompt: str = _f("", "chat tasks: system message ('' = the task's default)")
   chain_lengths: tuple = _f((3, 4, 5), "chain_tool: calculator calls a problem needs")
   chain_weights: tuple = _f((0.2, 0.5, 0.3), "chain_tool: the probabilities of chain_lengths")
+  obs_pad: int = _f(0, "chain_tool: noise characters before each tool result (the long-"
+                    "observation variant, configs/chain_tool.py:long_obs); 0 = plain", check=">=0")
   tool_cpu_s: int = _f(5, "tir_math: sandbox CPU seconds per program run", check=">=1")
   tool_wall_s: float = _f(10.0, "tir_math: sandbox wall-clock seconds per program run",
                           check=">0")

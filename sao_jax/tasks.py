@@ -86,13 +86,14 @@ def build_chain_tool(run: roles.Run, tok) -> Task:
   evals = chain_tool.make_problems(t.n_eval, seed, "eval", lengths, weights)
   env = chain_tool.ChainToolEnv(tok, max_turns=t.max_turns,
                                 tool_latency_median_s=t.tool_latency_median_s,
-                                tool_latency_sigma=t.tool_latency_sigma, seed=seed)
-  eval_env = (chain_tool.ChainToolEnv(tok, max_turns=t.max_turns)
+                                tool_latency_sigma=t.tool_latency_sigma, seed=seed,
+                                obs_pad=t.obs_pad)
+  eval_env = (chain_tool.ChainToolEnv(tok, max_turns=t.max_turns, obs_pad=t.obs_pad)
               if env.tool_latency_median_s > 0 else None)
   demos = chain_tool.make_sft_dataset(train[:run.sft.num_demos], p_tool=run.sft.p_tool,
                                       seed=seed, tokenizer=tok,
                                       p_guess_correct=run.sft.p_guess_correct,
-                                      reliable_calls=run.sft.reliable_calls)
+                                      reliable_calls=run.sft.reliable_calls, obs_pad=t.obs_pad)
   return Task(tok, env, train, evals, tuple(tok.stop_ids), demos, eval_env)
 
 

@@ -58,6 +58,7 @@ the chain length from the prompt and the progress from the observations.
 from __future__ import annotations
 
 import ast
+import zlib
 from typing import Sequence
 
 import numpy as np
@@ -72,6 +73,7 @@ __all__ = [
     "DEFAULT_WEIGHTS",
     "VALUE_RANGE",
     "demo_actions",
+    "log_filler",
     "make_demo",
     "make_problems",
     "make_sft_dataset",
@@ -203,12 +205,12 @@ def demo_actions(problem: Problem, n_calls: int, final: str) -> list[str]:
   return actions + ["\\boxed{" + final + "}<eos>"]
 
 
-def make_demo(problem: Problem, n_calls: int, final: str, tokenizer
+def make_demo(problem: Problem, n_calls: int, final: str, tokenizer, obs_pad: int = 0
               ) -> tuple[list[int], list[int]]:
   """SFT demonstration ``(token_ids, loss_mask)``: ``demo_actions`` replayed through a
-  ``ChainToolEnv`` (so the observations are the env's); loss mask 1 on action tokens, 0 on the
-  prompt and observations."""
-  env = ChainToolEnv(tokenizer, max_turns=n_calls + 1)
+  ``ChainToolEnv`` (so the observations are the env's, padded by ``obs_pad``); loss mask 1 on
+  action tokens, 0 on the prompt and observations."""
+  env = ChainToolEnv(tokenizer, max_turns=n_calls + 1, obs_pad=obs_pad)
   ids = env.prompt_ids(problem)
   mask = [0] * len(ids)
   for turn, action in enumerate(demo_actions(problem, n_calls, final)):
@@ -220,7 +222,7 @@ def make_demo(problem: Problem, n_calls: int, final: str, tokenizer
 
 
 def make_sft_dataset(problems: Sequence[Problem], p_tool: float, seed: int, tokenizer,
-                     p_guess_correct: float = 0.1, reliable_calls: int = 3
+                     p_guess_correct: float = 0.1, reliable_calls: int = 3, obs_pad: int = 0
                      ) -> list[tuple[list[int], list[int]]]:
   """One demo per problem from the demonstrator of the module doc: ``reliable_calls`` calls
   always, each further call w.p. ``p_tool``; stopping early boxes a guess (correct w.p.
@@ -239,14 +241,43 @@ def make_sft_dataset(problems: Sequence[Problem], p_tool: float, seed: int, toke
       n += 1
     final = (problem.answer if n == k else
              str(arith_tool._guess(int(problem.answer), rng, p_guess_correct)))  # pylint: disable=protected-access
-    out.append(make_demo(problem, n, final, tokenizer))
+    out.append(make_demo(problem, n, final, tokenizer, obs_pad))
   return out
+
+
+LOG_CHARS = "abcdefghijklmnopqrstuvwxyz "  # the filler of a padded observation (no digits)
+
+
+def log_filler(result: str, n: int) -> str:
+  """``n`` characters of ``LOG_CHARS`` that look like noise but are a pure function of
+  ``result`` (``crc32`` seeds them), so an episode's observations are deterministic."""
+  rng = np.random.default_rng(zlib.crc32(result.encode()))
+  return "".join(LOG_CHARS[i] for i in rng.integers(0, len(LOG_CHARS), size=n))
 
 
 class ChainToolEnv(arith_tool.ArithToolEnv):
   """``ArithToolEnv`` whose calculator does one binary operation per call (``one_op_eval``).
 
-  Args: tokenizer (CharTokenizer), max_turns (>= 1; e.g. ``max(lengths) + 2``), and
-  ``ArithToolEnv``'s tool latency and seed arguments. Raises ValueError as ``ArithToolEnv``."""
+  Args: tokenizer (CharTokenizer), max_turns (>= 1; e.g. ``max(lengths) + 2``),
+  ``ArithToolEnv``'s tool latency and seed arguments, and ``obs_pad`` (>= 0, default 0): the
+  long-observation variant (``task.obs_pad``), where each observation is
+  ``<obs>`` + ``obs_pad`` characters of noise (``log_filler``: letters and spaces, no digits,
+  no information) + ``=RESULT</obs>``, so every tool output is ``obs_pad + 3 +`` len(RESULT)
+  tokens -- a task in which naive token GAE decays the terminal reward through 100+ observation
+  tokens per turn and skip-observation GAE does not. Raises ValueError as ``ArithToolEnv`` and
+  for ``obs_pad < 0``."""
 
   run_tool = staticmethod(one_op_eval)
+
+  def __init__(self, tokenizer, max_turns: int = 3, tool_latency_median_s: float = 0.0,
+               tool_latency_sigma: float = 1.0, seed: int = 0, obs_pad: int = 0):
+    super().__init__(tokenizer, max_turns, tool_latency_median_s, tool_latency_sigma, seed)
+    if obs_pad < 0:
+      raise ValueError(f"task.obs_pad={obs_pad} must be >= 0 (0: plain observations)")
+    self.obs_pad = int(obs_pad)
+
+  def observation_ids(self, result: str) -> list[int]:
+    """Tokens of ``<obs>RESULT</obs>``, or with ``obs_pad`` > 0 ``<obs>NOISE=RESULT</obs>``."""
+    if not self.obs_pad:
+      return super().observation_ids(result)
+    return super().observation_ids(log_filler(result, self.obs_pad) + "=" + result)

@@ -89,6 +89,11 @@ METRICS: dict[str, MetricDef] = {
     "critic_grad_norm": _m("norm", "critic", "global gradient norm of the critic's trainable "
                            "parameters (frozen attention excluded) before clipping (paper: 3-5 "
                            "with frozen attention)"),
+    "critic_grad_norm_attn": _m("norm", "critic", "gradient norm of the critic's attention "
+                                "parameters (paths matching /attn/) before clipping; 0 when "
+                                "they are frozen"),
+    "critic_grad_norm_rest": _m("norm", "critic", "gradient norm of every other critic "
+                                "parameter (MLP, norms, embeddings, value head)"),
     "critic_router_aux_loss": _m("loss", "critic", "MoE critic with model.router_aux_loss_coef "
                                  "> 0: router load-balancing loss over action tokens, last of "
                                  "the K critic updates; value_loss includes coef x this"),

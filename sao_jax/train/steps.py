@@ -22,6 +22,7 @@ targets and the first critic update share one critic forward (``targets_and_crit
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any, Optional, Sequence
 
 import jax
@@ -509,6 +510,22 @@ def _trainable_split(params, frozen_patterns: Sequence[str]):
           lambda g: fill(g, lambda i: jnp.zeros_like(leaves[i])))
 
 
+ATTENTION_PATTERN = r"/attn/"  # the critic's attention leaves (roles.Train.critic_frozen_patterns)
+
+
+def _attention_split_norms(grads) -> dict:
+  """``critic_grad_norm_attn`` / ``critic_grad_norm_rest``: the global norms of the critic's
+  gradient over its attention leaves (paths matching ``ATTENTION_PATTERN``; 0 when they are
+  frozen) and over every other leaf, in one critic update: where an unfrozen critic's gradient
+  goes, the quantity behind freezing its attention."""
+  flat = jax.tree_util.tree_flatten_with_path(grads)[0]
+  attn = [g for p, g in flat if re.search(ATTENTION_PATTERN, optim.param_path(p))]
+  rest = [g for p, g in flat if not re.search(ATTENTION_PATTERN, optim.param_path(p))]
+  zero = jnp.zeros((), jnp.float32)
+  return {"critic_grad_norm_attn": _global_norm(attn) if attn else zero,
+          "critic_grad_norm_rest": _global_norm(rest) if rest else zero}
+
+
 def _critic_loss(graphdef, *, value_clip_eps: float, constrain, build_targets=None):
   """loss_fn(params, mb) -> (loss, (metrics, raw values [b, T])) of one critic update.
 
@@ -539,6 +556,7 @@ def _critic_apply(tx, state: TrainState, loss_fn, data, microbatches: int, froze
   # the norm of what is trained (clipping sees the same leaves); frozen leaves have none
   metrics = dict(metrics, value_loss=loss, critic_grad_norm=_global_norm(grads))
   grads = full_grads(grads)
+  metrics.update(_attention_split_norms(grads))
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   return TrainState(params, opt_state, state.step + 1), metrics, raw

@@ -59,6 +59,27 @@ def test_scripted_correct_episode_gets_reward_1_and_15_observation_tokens():
   assert sum(i["tool_calls"] for i in infos) == 3
 
 
+def test_long_observation_variant_pads_with_deterministic_noise():
+  """task.obs_pad = 100: each observation is <obs> + 100 letters/spaces + '=RESULT' + </obs>
+  (3 + 100 + 1 + 3 = 107 tokens for a 3-digit result), the same for the same result, with no
+  digit before the result; the reward and the tool results are the plain env's; the demos
+  replay through the padded env with loss mask 0 on every observation token."""
+  env = ChainToolEnv(TOK, max_turns=5, obs_pad=100)
+  actions = chain_tool.demo_actions(PROB, 3, "1038")
+  reward, n_obs, infos = run_episode(env, PROB, actions)
+  assert reward == 1.0 and [i["tool_result"] for i in infos[:3]] == ["391", "346", "1038"]
+  assert n_obs == 16 + 3 * 101
+  obs = TOK.decode(env.observation_ids("391"))
+  assert obs == TOK.decode(env.observation_ids("391"))  # deterministic
+  noise = obs[len("<obs>"):-len("=391</obs>")]
+  assert len(noise) == 100 and set(noise) <= set(chain_tool.LOG_CHARS)
+  assert obs.endswith("=391</obs>") and noise != chain_tool.log_filler("346", 100)
+  ids, mask = chain_tool.make_demo(PROB, 3, "1038", TOK, obs_pad=100)
+  assert len(ids) - sum(mask) == len(env.prompt_ids(PROB)) + n_obs
+  with pytest.raises(ValueError, match="obs_pad"):
+    ChainToolEnv(TOK, obs_pad=-1)
+
+
 def test_wrong_final_answer_and_compound_call_get_reward_0():
   env = ChainToolEnv(TOK, max_turns=5)
   wrong = ["<tool>17*23</tool>", "<tool>391-45</tool>", "<tool>346*3</tool>",

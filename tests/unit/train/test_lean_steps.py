@@ -258,6 +258,13 @@ def test_frozen_leaves_are_not_differentiated(microbatches):
   np.testing.assert_allclose(m_tr["value_loss"], m_all["value_loss"], rtol=1e-6)
   # the trainable norm: below the all-leaves norm by the attention's share
   assert 0.0 < float(m_tr["critic_grad_norm"]) < float(m_all["critic_grad_norm"])
+  # the attention / rest split: 0 on frozen attention; the two parts make up the global norm
+  assert float(m_tr["critic_grad_norm_attn"]) == 0.0
+  assert float(m_all["critic_grad_norm_attn"]) > 0.0
+  np.testing.assert_allclose(m_tr["critic_grad_norm_rest"], m_tr["critic_grad_norm"], rtol=1e-5)
+  np.testing.assert_allclose(np.hypot(m_all["critic_grad_norm_attn"],
+                                      m_all["critic_grad_norm_rest"]),
+                             m_all["critic_grad_norm"], rtol=1e-5)
   assert flops["trainable"] < 0.97 * flops["all"], flops
 
 
