@@ -71,17 +71,16 @@ def setting(quick: bool) -> dict:
   return dict(tc.FULL, **tc.fixed_delay(DELAY), **{"task.prompt_pool": POOL})
 
 
-def judge(rows, arms, seeds) -> tuple[list[str], dict]:
+def judge(final: dict, area: dict, arms, seeds) -> tuple[list[str], dict]:
   """Per ablation arm: its paired line (final accuracy and area, ``common.format_paired``) and
-  its verdict by the module's rule ("hurts" / "helps" / "no consistent direction")."""
-  final, area = common.per_run_final(rows, "final_accuracy"), common.curve_areas(rows)
+  its verdict by the module's rule ("hurts" / "helps" / "no consistent direction").
+  ``final`` / ``area``: ``{(arm, seed): value}`` (``per_run_final``, ``curve_areas``)."""
   lines, verdicts = [], {}
   for arm in arms:
     if arm == "sao":
       continue
     df = common.paired_differences(final, "sao", arm, seeds)
-    da = [area[("sao", s)] - area[(arm, s)] for s in seeds
-          if ("sao", s) in area and (arm, s) in area]
+    da = common.paired_differences(area, "sao", arm, seeds)
     n = len(seeds)
     if len(df) < n or len(da) < n:
       v = "not run"
@@ -132,7 +131,7 @@ def cell(experiment: str, arms, seeds, base, quick: bool, out_dir: str, report_o
                   float(np.mean(ga)) if ga else "-", float(np.mean(gr)) if gr else "-",
                   float(np.mean([stale[(arm, s)] for s in seeds])),
                   float(np.mean(w)) if w else "-"])
-  lines, verdicts = judge(rows, done, seeds) if "sao" in done else ([], {})
+  lines, verdicts = judge(final, area, done, seeds) if "sao" in done else ([], {})
   missing = [a for a in names if a not in done]
   md = f"""Setting (fixed): `configs/{tc.TASK}.py`{':smoke' if quick else ''} with {base}; arms
 {[a.name + ' ' + str(a.overrides) for a in arms]}; seeds {list(seeds)}.

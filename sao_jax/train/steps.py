@@ -518,12 +518,11 @@ def _attention_split_norms(grads) -> dict:
   gradient over its attention leaves (paths matching ``ATTENTION_PATTERN``; 0 when they are
   frozen) and over every other leaf, in one critic update: where an unfrozen critic's gradient
   goes, the quantity behind freezing its attention."""
-  flat = jax.tree_util.tree_flatten_with_path(grads)[0]
-  attn = [g for p, g in flat if re.search(ATTENTION_PATTERN, optim.param_path(p))]
-  rest = [g for p, g in flat if not re.search(ATTENTION_PATTERN, optim.param_path(p))]
-  zero = jnp.zeros((), jnp.float32)
-  return {"critic_grad_norm_attn": _global_norm(attn) if attn else zero,
-          "critic_grad_norm_rest": _global_norm(rest) if rest else zero}
+  parts = {True: [], False: []}
+  for p, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+    parts[bool(re.search(ATTENTION_PATTERN, optim.param_path(p)))].append(g)
+  return {"critic_grad_norm_attn": _global_norm(parts[True]),
+          "critic_grad_norm_rest": _global_norm(parts[False])}
 
 
 def _critic_loss(graphdef, *, value_clip_eps: float, constrain, build_targets=None):
