@@ -17,8 +17,12 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c = configs.load("arith_tool")
   c.run_dir = "runs/swe_lite"
   c.task.name = "swe_lite"
-  c.task.n_train = 1000                 # all training instances (267 exist)
-  c.task.n_eval = 108                   # every held-out instance
+  c.task.swe_generated = 600            # + generated modules (envs/swe_lite_gen.py): 62 hand-
+                                        # written ones alone are memorised, not generalised
+  c.task.swe_kinds = ("comparison", "operator")  # first curriculum: a flipped comparison or
+                                        # operator (1,267 train / 631 held-out instances)
+  c.task.n_train = 1000
+  c.task.n_eval = 128                   # held-out instances (modules no train one comes from)
   c.task.max_turns = 12                 # view, test, (edit, test, undo) x 2-3, finish
   c.task.tool_cpu_s = 2                 # sandbox CPU seconds per test run
   c.task.tool_wall_s = 10.0             # sandbox wall seconds per test run (each test: 5 s)
@@ -42,10 +46,11 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   c.train.critic_warmup_steps = 10      # value pre-training on warm-start rollouts
   c.train.num_steps = 60
   c.eval.every_steps = 20
-  c.eval.periodic_problems = 108
+  c.eval.periodic_problems = 128
 
   if variant == "smoke":                # a wiring check (tiny model, 2 steps), not a result
     c.task.n_train, c.task.n_eval = 16, 4
+    c.task.swe_generated = 40
     c.model.d_model, c.model.n_layers, c.model.d_ff = 32, 1, 64
     c.model.n_heads, c.model.n_kv_heads, c.model.head_dim = 2, 1, 16
     c.sft.steps, c.sft.num_demos, c.sft.batch_size = 4, 8, 4

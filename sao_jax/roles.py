@@ -104,6 +104,10 @@ class Task:
   chain_weights: tuple = _f((0.2, 0.5, 0.3), "chain_tool: the probabilities of chain_lengths")
   obs_pad: int = _f(0, "chain_tool: noise characters before each tool result (the long-"
                     "observation variant, configs/chain_tool.py:long_obs); 0 = plain", check=">=0")
+  swe_generated: int = _f(0, "swe_lite: procedurally generated modules added to the 62 "
+                          "hand-written ones (envs/swe_lite_gen.py)", check=">=0")
+  swe_kinds: tuple = _f(("comparison", "operator", "off_by_one", "missing_edge_case"),
+                        "swe_lite: the mutation kinds instances are drawn from (a curriculum)")
   tool_cpu_s: int = _f(5, "tir_math: sandbox CPU seconds per program run", check=">=1")
   tool_wall_s: float = _f(10.0, "tir_math: sandbox wall-clock seconds per program run",
                           check=">0")

@@ -11,6 +11,9 @@ cases) is mutated at one site, in one of four ways (``KINDS``):
 * ``off_by_one``: an integer literal ``k`` -> ``k + 1`` or ``k - 1``;
 * ``missing_edge_case``: an ``if ...:`` guard and its ``return`` line deleted.
 
+With ``task.swe_generated`` = N, the N modules of ``swe_lite_gen.generate`` join them (same
+format, templated names, constants and operators); ``task.swe_kinds`` keeps only some kinds.
+
 A mutant becomes an ``Instance`` (``data/swebench.py``) when it compiles and fails at least one
 case: the repository is ``NAME.py`` (the mutant) and ``tests/test_NAME.py`` (the visible tests:
 every case but the last); the hidden ``tests/test_NAME.py`` has every case, one ``test_K``
@@ -49,6 +52,7 @@ import numpy as np
 
 from sao_jax.data import swebench
 from sao_jax.data.swebench import Instance
+from sao_jax.envs import swe_lite_gen
 from sao_jax.envs.sandbox import SandboxLimits
 from sao_jax.envs.swe_lite_modules import MODULES
 from sao_jax.envs.tir_math import sandbox_check
@@ -59,7 +63,6 @@ __all__ = ["KINDS", "SYSTEM", "split_of", "mutants", "make_instances", "demo_act
 
 KINDS = ("comparison", "operator", "off_by_one", "missing_edge_case")
 DEMO_KINDS = ("fix", "retry", "wrong", "give_up")
-_CASES = {name: cases for name, _, cases in MODULES}
 SYSTEM = "Fix the bug. Tools: view, test, replace, undo, finish."
 EVAL_MODULE_FRACTION = 0.35
 _CMP = {"<=": ("<", ">"), ">=": (">", "<"), "<": ("<=", ">"), ">": (">=", "<"), "==": ("!=",),
@@ -214,18 +217,27 @@ def _patch(name: str, broken: str, fixed: str) -> str:
   return f"diff --git a/{name}.py b/{name}.py\n" + "".join(diff)
 
 
-def make_instances(split: str, seed: int = 0, n: Optional[int] = None) -> list[Instance]:
+def make_instances(split: str, seed: int = 0, n: Optional[int] = None, generated: int = 0,
+                   kinds: Sequence[str] = KINDS) -> list[Instance]:
   """The instances of ``split`` ("train" | "eval") in a ``seed``-shuffled order, the first
-  ``n`` (None = all). Raises ValueError for a bad split."""
+  ``n`` (None = all): mutants of the hand-written modules and of ``generated`` modules of
+  ``swe_lite_gen.generate`` (``task.swe_generated``), of the mutation ``kinds`` only
+  (``task.swe_kinds``, a curriculum). Raises ValueError for a bad split or kind."""
   if split not in ("train", "eval"):
     raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+  bad = [k for k in kinds if k not in KINDS]
+  if bad or not kinds:
+    raise ValueError(f"task.swe_kinds={tuple(kinds)!r}: each must be one of {KINDS} (at least "
+                     "one)")
   out = []
-  for name, source, cases in MODULES:
+  for name, source, cases in list(MODULES) + swe_lite_gen.generate(generated):
     if split_of(name) != split:
       continue
     if not all(_cases_pass(source, name, cases)):
       raise AssertionError(f"swe_lite module {name}: its own cases fail")
     for k, (kind, broken) in enumerate(mutants(source)):
+      if kind not in kinds:
+        continue
       ok = _cases_pass(broken, name, cases)
       if all(ok):
         continue  # an equivalent mutant
@@ -241,7 +253,8 @@ def make_instances(split: str, seed: int = 0, n: Optional[int] = None) -> list[I
           pass_to_pass=tuple(i for i, o in zip(ids, ok) if o),
           test_files={f"tests/test_{name}.py": _test_file(name, cases)},
           patch=_patch(name, broken, source),
-          meta={"module": name, "kind": kind, "split": split, "fix_old": old, "fix_new": new}))
+          meta={"module": name, "kind": kind, "split": split, "fix_old": old, "fix_new": new,
+                "cases": [list(c) for c in cases]}))
   order = np.random.default_rng(np.random.SeedSequence([int(seed), 29])).permutation(len(out))
   out = [out[i] for i in order]
   return out if n is None else out[:n]
@@ -274,7 +287,7 @@ def demo_actions(instance: Instance, kind: str, rng: np.random.Generator) -> lis
   if kind == "give_up":
     return head + [_call("finish")]
   fixed = broken.replace(instance.meta["fix_old"], instance.meta["fix_new"], 1)
-  visible = _CASES[name][:-1]
+  visible = [tuple(c) for c in instance.meta["cases"][:-1]]
   cands = [src for _, src in mutants(broken)
            if src != fixed and not all(_cases_pass(src, name, visible))]
   tries = []
@@ -364,8 +377,8 @@ def build_task(run, tok):
   deterministic)."""
   from sao_jax import tasks  # pylint: disable=import-outside-toplevel  (tasks imports envs)
   t = run.task
-  train = make_instances("train", run.seed, t.n_train)
-  evals = make_instances("eval", run.seed, t.n_eval)
+  train = make_instances("train", run.seed, t.n_train, t.swe_generated, t.swe_kinds)
+  evals = make_instances("eval", run.seed, t.n_eval, t.swe_generated, t.swe_kinds)
   env = WorkspaceEnv(tok, train + evals, max_turns=t.max_turns, backend=_backend(t, 4096),
                      max_output_chars=t.tool_output_chars, system=t.system_prompt or SYSTEM)
   sandbox_check(env.backend.limits)

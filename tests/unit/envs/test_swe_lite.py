@@ -16,7 +16,7 @@ import pytest
 from sao_jax import configs, roles, tasks
 from sao_jax.data import swebench
 from sao_jax.data.tokenizer import CharTokenizer
-from sao_jax.envs import swe_lite
+from sao_jax.envs import swe_lite, swe_lite_gen
 from sao_jax.envs.sandbox import SandboxLimits
 from sao_jax.envs.swe_lite_modules import MODULES
 from sao_jax.envs.workspace import SandboxBackend, WorkspaceEnv, grade
@@ -91,6 +91,31 @@ def test_mutations_and_fix_edit_on_a_hand_example():
   assert swe_lite.fix_edit_in_line("  f(x <= 1) or x < 2", "  f(x <= 1) or x <= 2") == (
       1, " x <", " x <=")
   assert swe_lite.fix_edit_in_line("def f(x):\n  return x + 1\n", src) is None  # two lines
+
+
+def test_generated_modules_hold_their_cases_and_give_held_out_instances_of_the_chosen_kinds():
+  mods = swe_lite_gen.generate(120)
+  assert mods == swe_lite_gen.generate(120) and mods != swe_lite_gen.generate(120, seed=1)
+  assert len({name for name, _, _ in mods}) == 120
+  assert not {name for name, _, _ in mods} & set(SOURCES)
+  for name, source, cases in mods:
+    assert len(cases) == 5 and all(swe_lite._cases_pass(source, name, cases))  # pylint: disable=protected-access
+    assert "while" not in source and source.startswith(f"def {name}(")
+  kinds = ("comparison", "operator")
+  evals = swe_lite.make_instances("eval", generated=120, kinds=kinds)
+  train = swe_lite.make_instances("train", generated=120, kinds=kinds)
+  assert {i.meta["kind"] for i in evals + train} == set(kinds) and len(evals) >= 100
+  assert not {i.meta["module"] for i in train} & {i.meta["module"] for i in evals}
+  for inst in evals[:40]:  # a generated mutant fails a case and its gold fix restores it
+    name, cases = inst.meta["module"], [tuple(c) for c in inst.meta["cases"]]
+    broken = inst.files[f"{name}.py"]
+    assert not all(swe_lite._cases_pass(broken, name, cases))  # pylint: disable=protected-access
+    fixed = broken.replace(inst.meta["fix_old"], inst.meta["fix_new"], 1)
+    assert all(swe_lite._cases_pass(fixed, name, cases))  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match="task.swe_kinds"):
+    swe_lite.make_instances("eval", kinds=("typo",))
+  with pytest.raises(ValueError, match="task.swe_generated"):
+    swe_lite_gen.generate(-1)
 
 
 def test_demonstrations_solve_a_minority_and_have_long_observations(instances):
