@@ -28,7 +28,8 @@ def test_keep_freed_memory_stops_per_call_page_faults():
   """Per-call minor page faults of a step with a 64 MiB temp buffer, with and without
   ``keep_freed_memory``, in the same test: glibc's defaults re-fault the buffer every call
   (~16k faults); kept, it is reused (~100-1600 seen on a quiet host, 4,915 beside a training
-  job and the suite). Asserted as a ratio with that margin, so the host's load does not decide it."""
+  job and the suite). Asserted as a ratio with that margin, so the host's load does not decide
+  it."""
   def faults(mode):
     out = subprocess.run([sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True,
                          check=True).stdout.split()
