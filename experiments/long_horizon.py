@@ -63,14 +63,7 @@ STEPS, EVAL_EVERY, EVAL_PROBLEMS = 200, 25, 400
 FULL = {"train.num_steps": STEPS, "eval.every_steps": EVAL_EVERY,
         "eval.periodic_problems": EVAL_PROBLEMS, "task.n_eval": EVAL_PROBLEMS}
 QUICK = dict(tc.QUICK)  # configs/chain_tool.py:smoke, 2 steps, eval every step on 8 problems
-GROUPS = {"train.mode": "grpo_async", "train.group_size": 8}
-ARMS = (
-    common.Arm("sao", {}),
-    common.Arm("grpo_m4", dict(GROUPS, **{"train.policy_minibatches": 4})),
-    common.Arm("grpo_m1", dict(GROUPS, **{"train.policy_minibatches": 1})),
-    common.Arm("grpo_dis", dict(GROUPS, **{"train.policy_minibatches": 1,
-                                           "train.objective": "dis"})),
-)
+ARMS = (common.Arm("sao", {}), stability.GRPO_M4, stability.GRPO_M1, stability.GRPO_DIS)
 QUICK_ARMS = ("sao", "grpo_dis")  # the pipeline check: SAO and the one new objective/mode pair
 MAX_P = 0.0625       # sign-flip p at or below which a 5/5 sign count is a difference
 MATCH_MARGIN = 0.05  # |mean paired difference| within which a no-difference baseline "matches"

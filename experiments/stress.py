@@ -20,16 +20,16 @@ M = 1), at the same stress.
 
 Reported per arm: final accuracy, collapses (2 evals in a row below half the best so far), the
 largest mean value and its excess over the batch's mean reward, the share of steps whose largest
-value leaves the reward range, the mean advantage. Verdict (fixed): a remedy *holds* when none
-of its seeds collapses and its mean final accuracy is not 2 seed std (at least 0.02) below the
-``sao`` arm; it *helps* when it is 2 std above. Baselines (fixed before their runs): per
-baseline b and seed s, the paired differences d_s = sao - b of the final accuracy and of the
-area under the eval curve (steps 0-30, ``common.curve_area``). Three seeds cannot make a
-difference significant (the exact sign-flip p is at least 0.25), so the cell states a direction
-only: **SAO ahead of b (3/3)** when every d_s > 0 on both measures, **b ahead of SAO (3/3)** in
-the mirror case, else **no consistent direction**. An arm **survives** the stress when none of
-its seeds collapses. Stated: the baselines that survive where SAO collapses, or that every arm
-collapses (the stress then ranks no method).
+value leaves the reward range, the mean advantage. Verdict (fixed): a remedy *holds* when none of
+its seeds collapses and its mean final accuracy is not 2 seed std (at least 0.02) below the ``sao``
+arm; it *helps* when it is 2 std above. Baselines (fixed before their runs): per baseline b and seed
+s, the paired differences d_s = sao - b of the final accuracy and of the area under the eval curve
+(steps 0-30, ``common.curve_area``; the rule is ``stability.direction_verdict``). Three seeds cannot
+make a difference significant (the exact sign-flip p is at least 0.25), so the cell states a
+direction only: **SAO ahead of b (3/3)** when every d_s > 0 on both measures, **b ahead of SAO
+(3/3)** in the mirror case, else **no consistent direction**. An arm **survives** the stress when
+none of its seeds collapses. Stated: the baselines that survive where SAO collapses, or that every
+arm collapses (the stress then ranks no method).
 
 ``nice -n 10 python experiments/stress.py`` (full: 8 arms x 3 seeds; resumable from
 ``experiments/results/stress.csv``) / ``--quick``.
@@ -62,18 +62,6 @@ ARMS = (
 )
 BASELINES = tuple(a.name for a in long_horizon.ARMS if a.name != "sao")
 QUICK_ARMS = ("value_bounds",)
-
-
-def baseline_verdict(d_final, d_auc, baseline: str, n_seeds: int) -> str:
-  """The module's direction rule on the per-seed differences ``sao - baseline`` of the final
-  accuracy and the area under the eval curve."""
-  if min(len(d_final), len(d_auc)) < n_seeds:
-    return f"incomplete ({min(len(d_final), len(d_auc))} of {n_seeds} seeds finished)"
-  if all(d > 0 for d in d_final) and all(d > 0 for d in d_auc):
-    return f"SAO ahead of {baseline} ({n_seeds}/{n_seeds})"
-  if all(d < 0 for d in d_final) and all(d < 0 for d in d_auc):
-    return f"{baseline} ahead of SAO ({n_seeds}/{n_seeds})"
-  return "no consistent direction"
 
 
 def run(quick: bool, out_dir=None, report_only: bool = False, seeds=None, only=None) -> str:
@@ -144,7 +132,7 @@ def run(quick: bool, out_dir=None, report_only: bool = False, seeds=None, only=N
   for b in [a.name for a in arms if a.name in BASELINES]:
     d_final = common.paired_differences(final, "sao", b, seeds)
     d_auc = common.paired_differences(auc, "sao", b, seeds)
-    v = baseline_verdict(d_final, d_auc, b, len(seeds))
+    v = stability.direction_verdict(d_final, d_auc, b, len(seeds))
     collapses = next((t[4] for t in table if t[0] == b), 0)
     n_runs = sum(1 for s in seeds if (b, s) in final)
     if n_runs == len(seeds) and collapses == 0:

@@ -112,15 +112,16 @@ def test_style_task_over_chain_tool_styles_demos_and_grades_eval_without_style()
 
 
 def test_online_lag_and_switch_steps_hand_worked():
-  assert online_style.phase_starts(45, 15) == [16, 31] and online_style.phase_starts(7, 3) == [4, 7]
-  steps = np.arange(1, 9)
-  r = np.array([0, 0, 1, 1, 1, 0, 0, 1], float)
-  # phase [1, 5): moving avg 0, .33, .67, 1 -> best 1, 80% reached at step 4 -> lag 3
-  assert online_style.adaptation_lags(steps, r, [1, 5], 8)[0] == 3
-  # a phase whose own rewards are all 0 is "never", even right after a rewarded phase (the
-  # previous phase's rewards must not leak into its moving average)
-  r2 = np.array([1, 1, 1, 1, 0, 0, 0, 0], float)
-  assert online_style.adaptation_lags(steps, r2, [1, 5], 8) == [0, None]
+  """Phase k starts at k N + 1; the lag of phase k is the steps from its start until phase k's
+  preferred style (style k % 3) is more than half the batch, within the phase; None if never."""
+  assert online_style.phase_starts(90, 30) == [31, 61] and online_style.phase_starts(7, 3) == [4, 7]
+  steps = np.arange(1, 10)
+  # phases: 1-3 (style 0), 4-6 (style 1), 7-9 (style 2)
+  f1 = np.array([0.9, 0.9, 0.9, 0.2, 0.5, 0.6, 0.9, 0.9, 0.9])  # > 0.5 first at step 6: lag 2
+  f2 = np.array([0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.1, 0.3, 0.5])  # high only before its phase
+  fr = {0: np.zeros(9), 1: f1, 2: f2}
+  assert online_style.style_lags(steps, fr, [4, 7], 9) == [2, None]
+  assert online_style.style_lags(steps, fr, [4, 7], 9, threshold=0.4) == [1, 2]
 
 
 def test_stability_collapse_rule():
@@ -149,7 +150,7 @@ def test_throughput_quick(tmp_path):
 
 @pytest.mark.slow
 def test_training_experiments_quick(tmp_path):
-  """stability (both arms at a fixed delay of 2), ablations (the running-mean arm, 12 steps on
+  """stability (sao and grpo_m4 at a fixed delay of 2), ablations (the running-mean arm, 12 steps on
   a pool of 32 prompts at batch 8), stress (one remedy), online, long_horizon (sao and
   grpo_dis at 2 steps, delay 4): the tiny model, in one subprocess."""
   code = ("import sys; sys.path.insert(0, 'experiments'); import stability, ablations, "
@@ -160,13 +161,13 @@ def test_training_experiments_quick(tmp_path):
                         timeout=900, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   out = str(tmp_path)
-  rows = _check_outputs(out, "stability_d2", ["sao", "grpo"],
+  rows = _check_outputs(out, "stability_d2", ["sao", "grpo_m4"],
                         ["final_accuracy", "eval_accuracy"], 0.0, 1.0, section="stability")
   assert sorted({r["step"] for r in rows if r["metric"] == "reward_mean"}) == [1, 2]
   # the fixed delay: step 2 trains on tokens sampled 1 version ago (min(d, v) = min(2, 1))
   stale = {(r["arm"], r["step"]): r["value"] for r in rows if r["metric"] == "staleness_mean"}
-  assert stale[("sao", 1)] == stale[("grpo", 1)] == 0.0
-  assert stale[("sao", 2)] == stale[("grpo", 2)] == 1.0
+  assert stale[("sao", 1)] == stale[("grpo_m4", 1)] == 0.0
+  assert stale[("sao", 2)] == stale[("grpo_m4", 2)] == 1.0
   # the running-mean window is non-empty for >= 90% of the trajectories after step 10
   rows = _check_outputs(out, "ablations", ["running_mean"], ["final_accuracy"], 0.0, 1.0)
   window = [r["value"] for r in rows
@@ -174,7 +175,8 @@ def test_training_experiments_quick(tmp_path):
   assert len(window) == 2 and min(window) >= 0.9, window
   rows = _check_outputs(out, "stress", ["value_bounds"], ["final_accuracy", "value_mean"])
   assert all(r["value"] <= 1.0 + 1e-6 for r in rows if r["metric"] == "value_max")
-  _check_outputs(out, "online_style", ["running_mean_128"], ["reward_mean"], 0.0, 1.0)
+  _check_outputs(out, "online_style_d1", ["running_mean_128"], ["reward_mean"], 0.0, 1.0,
+                 section="online_style")
   md = open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read()
   assert "<!-- section:stability -->" in md and "### Delay d = 2" in md
   # long_horizon: sao and GRPO+DIS (grpo_async with the DIS objective) ran their 2 steps; the
@@ -214,6 +216,31 @@ def test_long_horizon_rule_hand_worked():
   assert common.curve_area(np.array([0, 25, 50]), np.array([0.1, 0.3, 0.5])) == pytest.approx(0.3)
   with pytest.raises(ValueError, match="eval.every_steps"):
     common.curve_area(np.array([0.0]), np.array([0.1]))
+
+
+def test_stability_direction_rule_hand_worked():
+  """The 3-seed direction rule of stability.py and stress.py: 3/3 of one sign on both the final
+  accuracy and the area, else no direction; fewer pairs = incomplete. The stated conclusion
+  follows grpo_dis's verdicts in both cells; the arms are the ones fixed in the docstring."""
+  import stability as st  # pylint: disable=import-outside-toplevel
+  up = [0.1, 0.02, 0.3]
+  assert st.direction_verdict(up, up, "b", 3) == "SAO ahead of b (3/3)"
+  assert st.direction_verdict([-x for x in up], [-x for x in up], "b", 3) == "b ahead of SAO (3/3)"
+  assert st.direction_verdict(up, [0.1, -0.01, 0.2], "b", 3) == "no consistent direction"
+  assert st.direction_verdict(up, [-x for x in up], "b", 3) == "no consistent direction"
+  assert st.direction_verdict(up[:2], up[:2], "b", 3).startswith("incomplete (2 of 3")
+  ahead, none = "SAO ahead of grpo_dis (3/3)", "no consistent direction"
+  assert st.conclusion({4: {"grpo_dis": ahead}, 8: {"grpo_dis": ahead}}).startswith(
+      "SAO is ahead of GRPO+DIS in every cell")
+  assert st.conclusion({4: {"grpo_dis": none}, 8: {"grpo_dis": "grpo_dis ahead of SAO (3/3)"}}
+                       ).startswith("GRPO+DIS is not behind SAO in any cell")
+  assert st.conclusion({4: {"grpo_dis": ahead}, 8: {"grpo_dis": none}}).endswith("mixed")
+  assert st.conclusion({4: {"grpo_dis": "incomplete (1 of 3 seeds finished)"}}).startswith(
+      "not judged")
+  arms = {a.name: a.overrides for a in st.ARMS}
+  assert arms["grpo_m4_lr4"]["train.policy_lr"] == pytest.approx(3e-4 / 4)  # chain_tool's lr / 4
+  assert arms["grpo_dis"]["train.objective"] == "dis" and arms["grpo_m1"][
+      "train.policy_minibatches"] == 1 and arms["grpo_m4"]["train.policy_minibatches"] == 4
 
 
 def test_paired_test_hand_worked():
