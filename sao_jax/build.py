@@ -62,13 +62,32 @@ def graphdef_of(mcfg: ModelConfig):
   return nnx.split(nnx.eval_shape(lambda: Transformer(mcfg, rngs=nnx.Rngs(0))))[0]
 
 
+def _set_fields(obj, skip: tuple = ()) -> dict:
+  """The fields of dataclass ``obj`` whose value differs from the field's default (``skip``
+  left out): a field added later with a default leaves every earlier identity unchanged."""
+  out = {}
+  for f in dataclasses.fields(obj):
+    if f.name in skip:
+      continue
+    v = getattr(obj, f.name)
+    if f.default is not dataclasses.MISSING:
+      default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+      default = f.default_factory()
+    else:
+      default = dataclasses.MISSING
+    if default is dataclasses.MISSING or v != default:
+      out[f.name] = dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v
+  return out
+
+
 def sft_key(run: roles.Run, mcfg) -> str:
   """The identity of a warm start (its ``sft.cache_dir`` file name): the ``sft`` and ``task``
-  fields, the model and the seed -- not where it is cached (``sft.cache_dir``) nor
-  ``task.prompt_pool`` (which prompts RL cycles over)."""
-  sft = {k: v for k, v in dataclasses.asdict(run.sft).items() if k != "cache_dir"}
-  task = {k: v for k, v in dataclasses.asdict(run.task).items() if k != "prompt_pool"}
-  return sft_lib.cache_key(sft, task, str(mcfg), run.seed)
+  fields set away from their defaults, the model and the seed -- not where it is cached
+  (``sft.cache_dir``) nor ``task.prompt_pool`` (which prompts RL cycles over); a field added to
+  ``roles.Sft`` / ``roles.Task`` with a default does not change existing identities."""
+  return sft_lib.cache_key(_set_fields(run.sft, ("cache_dir",)),
+                           _set_fields(run.task, ("prompt_pool",)), str(mcfg), run.seed)
 
 
 def build_policy(run: roles.Run, task, warm_start: bool = True, mesh=None) -> Policy:

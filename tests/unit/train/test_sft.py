@@ -1,5 +1,6 @@
 """The SFT warm-up: deterministic given its seed, and cached across runs (sft.cache_dir)."""
 
+import dataclasses
 import os
 
 import jax
@@ -81,3 +82,11 @@ def test_warm_start_identity_ignores_where_it_is_cached_and_the_prompt_pool():
   assert key() == base
   c.task.n_train = 100
   assert key() != base
+  # a task field added later with a default keeps the identity of every earlier warm start
+  run = roles.from_config(c)
+  grown = dataclasses.make_dataclass("GrownTask", [("new_field", int, dataclasses.field(
+      default=7))], bases=(type(run.task),), frozen=True)
+  wider = dataclasses.replace(run, task=grown(**dataclasses.asdict(run.task)))
+  assert build.sft_key(wider, "model") == build.sft_key(run, "model")
+  changed = dataclasses.replace(run, task=grown(**dataclasses.asdict(run.task), new_field=8))
+  assert build.sft_key(changed, "model") != build.sft_key(run, "model")
