@@ -11,12 +11,12 @@ steps of 32 trajectories, the thread backend), arms ``sao`` (skip-observation GA
 and ``naive_gae`` (`train.advantage_estimator=naive_gae`), seeds 0, 1, 2. The two arms of one
 seed share that seed's warm start (cached once), so each seed gives one paired difference.
 
-Rule (fixed before the runs), on the paired differences d_s = final resolved rate of ``sao``
-minus that of ``naive_gae`` (108 held-out instances): **skip-observation GAE helps** when d_s > 0
-for every seed and the mean of d_s is at least 0.03; **naive GAE helps** when the same holds
-with the signs reversed; otherwise **no difference shown**. The exact sign-flip p and the paired
-t p are reported beside it (with 3 seeds the smallest possible sign-flip p is 0.25, so no claim
-of significance can come from this cell alone).
+Rule (fixed before the runs), on the paired differences d_s = final resolved rate of ``sao`` minus
+that of ``naive_gae`` (the config's ``task.n_eval`` = 128 held-out instances): **skip-observation
+GAE helps** when d_s > 0 for every seed and the mean of d_s is at least 0.03; **naive GAE helps**
+when the same holds with the signs reversed; otherwise **no difference shown**. The exact sign-flip
+p and the paired t p are reported beside it (with 3 seeds the smallest possible sign-flip p is 0.25,
+so no claim of significance can come from this cell alone).
 
 ``python experiments/gae_coding.py`` (full; about 2 x 3 runs of the swe_lite job, resumable: a
 finished run is kept in the CSV) / ``--quick`` (`configs/swe_lite.py:smoke`, both arms, 2 steps:
