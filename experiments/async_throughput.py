@@ -40,7 +40,13 @@ PIPELINE = (
     "section 4d): SAO vs `grpo_sync` on the chained task's tiny smoke model, 30 steps of 16 "
     "trajectories, lognormal tool latency (median 0.2 s, sigma 1.0): trajectories/s over the RL "
     "phase 26.9 / 20.6 vs 9.8 / 10.5 (**2.34x** median), steady state (steps 2-30) 8.6x; trainer "
-    "idle 0.41-0.45 vs 0.89-0.91; measured staleness 1.09-1.14 versions (SAO) vs 0 (grpo_sync).")
+    "idle 0.41-0.45 vs 0.89-0.91; measured staleness 1.09-1.14 versions (SAO) vs 0 (grpo_sync). "
+    "**Without tool latency SAO is slower: 0.70x** `grpo_sync`'s steady trajectories/s (51.6 vs "
+    "73.7, medians; 0.66x including compilation) on the ordinary task (`python "
+    "benchmarks/bench_pipeline.py --steps 30 --repeats 2`, `benchmarks/RESULTS.md` section 4b): "
+    "short, uniform rollouts leave the sync barrier almost nothing to wait for (0.08-0.09 s per "
+    "step) and SAO is trainer-bound (0.25-0.37 s steps). Time-to-accuracy (issue 30 item 5) is "
+    "not measured: it needs a quiet machine for its wall clocks.")
 QUEUE = 64
 AREAL_SPEEDUP = 2.77  # AReaL (Fu et al., 2025): "up to 2.77x" over synchronous systems
 
