@@ -13,10 +13,10 @@ remedy each on top of ``sao`` (ours, not the paper's): ``value_bounds`` (V clipp
 range [0, 1] before GAE), ``critic_b1`` (critic Adam b1 = 0.5: less momentum), ``center_adv``
 (advantages centred per batch).
 
-Baselines (issue 30 item 4; added, with their rule, before their runs): ``grpo_m4``, ``grpo_m1``
-and ``grpo_dis`` exactly as in ``long_horizon.py`` (GRPO, 4 prompts x 8 rollouts, PPO clip with
-M = 4 or M = 1 updates per batch; GRPO+DIS: the groups' advantages with SAO's DIS objective,
-M = 1), at the same stress.
+Baselines (issue 30 item 4; added, with their rule, before their runs): ``grpo_m4``, ``grpo_m1`` and
+``grpo_dis`` exactly as in ``long_horizon.py`` (``stability.GRPO_*``; GRPO, 4 prompts x 8 rollouts,
+PPO clip with M = 4 or M = 1 updates per batch; GRPO+DIS: the groups' advantages with SAO's DIS
+objective, M = 1), at the same stress.
 
 Reported per arm: final accuracy, collapses (2 evals in a row below half the best so far), the
 largest mean value and its excess over the batch's mean reward, the share of steps whose largest
@@ -44,7 +44,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402  pylint: disable=wrong-import-position
-import long_horizon  # noqa: E402  pylint: disable=wrong-import-position
 import stability  # noqa: E402  pylint: disable=wrong-import-position
 import training_claims as tc  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -58,9 +57,9 @@ ARMS = (
     common.Arm("value_bounds", {"train.value_bounds": (0.0, 1.0)}),
     common.Arm("critic_b1", {"train.critic_b1": 0.5}),
     common.Arm("center_adv", {"train.center_advantages": True}),
-    *(a for a in long_horizon.ARMS if a.name != "sao"),  # grpo_m4, grpo_m1, grpo_dis
+    stability.GRPO_M4, stability.GRPO_M1, stability.GRPO_DIS,
 )
-BASELINES = tuple(a.name for a in long_horizon.ARMS if a.name != "sao")
+BASELINES = (stability.GRPO_M4.name, stability.GRPO_M1.name, stability.GRPO_DIS.name)
 QUICK_ARMS = ("value_bounds",)
 
 
