@@ -39,6 +39,7 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
   if variant == "long_obs":               # tool outputs of 100+ tokens (naive-GAE ablation)
     c.task.obs_pad = 100                  # <obs> + 100 noise chars + =RESULT</obs>: ~108 tokens
     c.model.max_seq_len = 160 + 5 * 104   # 5 calls' padding on top of the plain episode
+    c.rollout.max_prefill_length = 160    # one padded observation (<= 132 tokens) per chunk
     c.run_dir = "runs/chain_tool_long_obs"
   elif variant == "smoke":                # a wiring check (tiny model, 2 steps), not a result
     c.task.n_train, c.task.n_eval = 64, 8

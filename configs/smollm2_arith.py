@@ -10,6 +10,8 @@ Short prompts (<= 59 tokens) and responses (<= 32 tokens) keep a policy step che
 far above the paper's 1e-6 (which is for a 30B model). `:smoke` = two SAO steps, 4 eval
 problems (a wiring check with the real model, not seconds: it compiles the 135M train step).
 The plot: `python benchmarks/plot_smollm2_arith.py`.
+`:compare` = the setting of `experiments/real_lm.py` (SAO vs GRPO+DIS; the answer starts with the
+problem, "13 + 14 =", so the format is already right and RL must improve the arithmetic).
 `:accelerator` = the same run sized for one GPU / TPU host (batch 128, 60 steps); its speed and
 memory on one H200 (random weights of this shape): benchmarks/RESULTS.md section 8.
 """
@@ -66,6 +68,21 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.eval.every_steps, c.checkpoint.every_steps = 0, 0
     c.rollout.kv_bucket = c.model.max_seq_len  # fewest compiles (a wiring check): one decode
     c.rollout.prefill_rows = "all"             # program per shape, one prefill per length
+  elif variant == "compare":
+    # Issue 30 item 6 (experiments/real_lm.py; fixed before its runs): a setting where the format
+    # is already right and RL must improve the arithmetic. The assistant's turn starts with the
+    # problem, "13 + 14 =" (task.answer_prefix), and the model writes the rest of the one-line
+    # template: base model greedy on the 200 held-out 34.5% right, 95% formatted (2026-12-07,
+    # /tmp one-off; without the prefix 19% / 44%; with "... = \boxed{" 2%).
+    c.run_dir = "runs/smollm2_arith_compare"
+    c.task.answer_prefix = "{expr} ="
+    c.rollout.max_prefill_length = 80     # prompts up to 70 tokens with the prefix
+    c.rollout.max_new_tokens = 20         # " 27. The answer is \boxed{27}." is ~14 tokens
+    c.train.num_steps = 60
+    c.train.policy_lr = 1e-5              # a third of the lr whose 40-step run collapsed
+    c.train.critic_warmup_steps = 5       # value pre-training (SAO's pre-trained critic)
+    c.eval.every_steps, c.eval.periodic_problems = 10, 200
+    c.checkpoint.every_steps = 0
   elif variant == "accelerator":
     # One GPU / TPU host (issue 17 item 5). Run on one H200 with random weights of this shape
     # only (benchmarks/RESULTS.md section 8; learning not measured). Full batches (no
@@ -82,6 +99,6 @@ def get_config(variant: str = "") -> ml_collections.ConfigDict:
     c.eval.every_steps, c.eval.periodic_problems = 5, 200
     c.checkpoint.every_steps = 20
   elif variant:
-    raise ValueError(f"unknown variant {variant!r} of configs/smollm2_arith.py; use '', 'smoke' "
-                     "or 'accelerator'.")
+    raise ValueError(f"unknown variant {variant!r} of configs/smollm2_arith.py; use '', 'smoke', "
+                     "'compare' or 'accelerator'.")
   return c

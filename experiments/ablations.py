@@ -49,7 +49,8 @@ EXPERIMENT = "ablations"
 TITLE = "2. Ablations (Tables 3-4; Fig. 4 curves)"
 POOL, DELAY = 96, 4
 LONG_OBS_PAD = 100
-LONG_OBS = {"task.obs_pad": LONG_OBS_PAD, "model.max_seq_len": 160 + 5 * (LONG_OBS_PAD + 4)}
+LONG_OBS = {"task.obs_pad": LONG_OBS_PAD, "model.max_seq_len": 160 + 5 * (LONG_OBS_PAD + 4),
+            "rollout.max_prefill_length": LONG_OBS_PAD + 60}  # a padded observation per chunk
 ARMS = (
     common.Arm("sao", {}),
     common.Arm("k1", {"train.critic_updates_per_step": 1}),

@@ -201,14 +201,18 @@ def run_training_arms(experiment: str, arms: Sequence[Arm], seeds: Sequence[int]
                        float(rec["elapsed_s"] - t_first)))
         for m in tuple(metrics) + ("elapsed_s",):
           key = m
-          if m == "eval_accuracy" and "final/eval_accuracy" in rec:
-            key = "final/eval_accuracy"
+          if m.startswith("eval_") and f"final/{m}" in rec:  # the final eval (all problems)
+            key = f"final/{m}"
           if key in rec and rec[key] is not None and np.isfinite(rec[key]):
             rows.append((experiment, arm.name, seed, rec["step"], m, float(rec[key])))
       rows.append((experiment, arm.name, seed, c.train.num_steps, "final_accuracy",
                    float(summary["accuracy_after"])))
       rows.append((experiment, arm.name, seed, 0, "initial_accuracy",
                    float(summary["accuracy_before"])))
+      for when, step in (("before", 0), ("after", c.train.num_steps)):  # math tasks: the format
+        if np.isfinite(summary.get(f"formatted_{when}", float("nan"))):
+          rows.append((experiment, arm.name, seed, step, "eval_formatted",
+                       float(summary[f"formatted_{when}"])))
       append_rows(csv_path, rows)
       print(f"[{experiment}] {arm.name} seed {seed}: accuracy {summary['accuracy_before']:.3f} -> "
             f"{summary['accuracy_after']:.3f} ({time.time() - t0:.0f}s)", flush=True)

@@ -246,7 +246,10 @@ def make_source(run: roles.Run, task, policy: Policy, params, version: int, ledg
 
 
 def evaluate(engine, task, params, problems, run: roles.Run, version: int = 0) -> dict:
-  """Greedy pass@1 on ``problems`` through the engine; also tool-use rate and mean length."""
+  """Greedy pass@1 on ``problems`` through the engine; also tool-use rate, mean length and
+  ``formatted``: the fraction whose response has a non-empty final answer (``info["answer"]``,
+  the last ``\\boxed{}`` of the math tasks; NaN for a task that reports none), so
+  accuracy / formatted is the accuracy given the format."""
   env = task.eval_env if getattr(task, "eval_env", None) is not None else task.env
   trajs = generate_trajectories(engine, env, params, problems, stop_ids=task.stop_ids,
                                 max_new_tokens=run.rollout.max_new_tokens,
@@ -255,7 +258,10 @@ def evaluate(engine, task, params, problems, run: roles.Run, version: int = 0) -
                                 env_workers=env_workers_for(run),
                                 decode_steps=run.rollout.decode_steps)
   rewards = np.array([t.reward for t in trajs], np.float64)
-  return {"accuracy": float(rewards.mean()) if rewards.size else 0.0,
+  answers = [t.info["answer"] for t in trajs if "answer" in t.info]
+  formatted = (float(np.mean([bool(a) for a in answers])) if answers and len(answers) == len(trajs)
+               else float("nan"))
+  return {"accuracy": float(rewards.mean()) if rewards.size else 0.0, "formatted": formatted,
           "tool_use": float(np.mean([t.info.get("tool_calls", 0) > 0 for t in trajs])),
           "response_tokens": float(np.mean([t.num_action_tokens for t in trajs])),
           "n": len(trajs), "trajectories": trajs}

@@ -118,6 +118,8 @@ class Task:
   style_base: str = _f("arith_tool", "style_switch: the wrapped task",
                        choices=("arith_tool", "chain_tool"))
   max_operand: int = _f(30, "chat_arith: largest operand", check=">=1")
+  answer_prefix: str = _f("", "chat_arith: text that starts the assistant's turn, graded as "
+                          "the response's start; {expr} = the problem ('{expr} =': 13 + 14 =)")
 
 
 @dataclasses.dataclass(frozen=True)

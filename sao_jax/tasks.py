@@ -141,7 +141,8 @@ def build_chat_arith(run: roles.Run, tok) -> Task:
   train = chat_arith.make_problems(t.n_train, run.seed, "train", m)
   evals = chat_arith.make_problems(t.n_eval, run.seed, "eval", m)
   env = ChatMathEnv(tok, system=t.system_prompt or chat_arith.SYSTEM,
-                    instruction=chat_arith.INSTRUCTION)
+                    instruction=chat_arith.INSTRUCTION, answer_prefix=t.answer_prefix,
+                    expression=chat_arith.expression)
   return Task(tok, env, train, evals, tuple(tok.stop_ids), None)
 
 

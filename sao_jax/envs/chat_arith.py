@@ -63,6 +63,15 @@ def all_problems(max_operand: int = 30) -> list[tuple[int, str, int, int]]:
   return out
 
 
+def expression(problem: Problem) -> str:
+  """``"13 + 14"`` for the problem ``"What is 13 + 14?"`` (the ``{expr}`` of
+  ``task.answer_prefix``). Raises ValueError for a prompt of another form."""
+  p = problem.prompt
+  if not (p.startswith("What is ") and p.endswith("?")):
+    raise ValueError(f"not a chat_arith prompt: {p!r}")
+  return p[len("What is "):-1]
+
+
 def make_problems(n: int, seed: int = 0, split: str = "train",
                   max_operand: int = 30) -> list[Problem]:
   """The first ``n`` problems of ``split`` ("train" | "eval") in the seed's shuffled order.

@@ -51,12 +51,17 @@ class MathEnv:
       stop = () if eos is None else (eos,)
     return tuple(int(s) for s in stop)
 
+  def response_prefix(self, problem: Problem) -> str:
+    """Text the prompt ends with, graded as the response's start ("" here; ChatMathEnv)."""
+    del problem
+    return ""
+
   def step(self, problem: Problem, turn: int, action_ids: Sequence[int]) -> EnvStep:
     ids = [int(t) for t in action_ids]
     try:
-      text = self.tokenizer.decode(ids)
+      text = self.response_prefix(problem) + self.tokenizer.decode(ids)
     except Exception:
-      text = ""
+      text = self.response_prefix(problem)
     stop = self._stop_ids()
     truncated = not ids or (bool(stop) and ids[-1] not in stop)
     info = {

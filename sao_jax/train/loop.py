@@ -38,9 +38,15 @@ def _trajectory_metrics(trajs) -> dict[str, float]:
   return {"response_tokens_mean": float(np.mean([t.num_action_tokens for t in trajs])),
           "tool_use": float(np.mean([t.info.get("tool_calls", 0) > 0 for t in trajs])),
           "failed": float(sum(bool(t.info.get("failed")) for t in trajs)),
+          "truncated_fraction": float(np.mean([bool(t.truncated) for t in trajs])),
           "traj_t_start_min": min(t.t_start for t in trajs),
           "traj_t_start_max": max(t.t_start for t in trajs),
           "traj_t_end_max": max(t.t_end for t in trajs)}
+
+
+def _formatted(ev: dict) -> dict[str, float]:
+  """``{"eval_formatted": ...}`` where the task reports answers, else {} (no NaN logged)."""
+  return {"eval_formatted": ev["formatted"]} if np.isfinite(ev["formatted"]) else {}
 
 
 def run(config) -> dict[str, Any]:
@@ -109,7 +115,8 @@ def run(config) -> dict[str, Any]:
     print(f"eval before {method}: accuracy {before['accuracy']:.3f} "
           f"tool_use {before['tool_use']:.3f} on {before['n']} problems "
           f"({time.time() - t0:.1f}s)", flush=True)
-    before = {k: before[k] for k in ("accuracy", "tool_use", "n")}
+    before = {k: before[k] for k in ("accuracy", "tool_use", "formatted", "n")
+              if np.isfinite(before[k])}  # JSON meta: no NaN (no answers reported)
 
   def save(step):
     ckpt.save(step, learner.states(), meta={
@@ -149,7 +156,8 @@ def run(config) -> dict[str, Any]:
       if config.eval.every_steps and step % config.eval.every_steps == 0 and step < tcfg.num_steps:
         ev = evaluate(publish(), task.eval_problems[:config.eval.periodic_problems],
                       version)
-        metrics.update(eval_accuracy=ev["accuracy"], eval_tool_use=ev["tool_use"])
+        metrics.update(eval_accuracy=ev["accuracy"], eval_tool_use=ev["tool_use"],
+                       **_formatted(ev))
       logger.log(step, metrics)
       history.append(metrics)
       progress.update(reward=metrics["reward_mean"], staleness=metrics["staleness_mean"],
@@ -172,10 +180,13 @@ def run(config) -> dict[str, Any]:
   print(f"eval after {method}: accuracy {after['accuracy']:.3f} tool_use {after['tool_use']:.3f} "
         f"({time.time() - t0:.1f}s); results in {run_dir}", flush=True)
   logger.log(tcfg.num_steps, {"eval_accuracy": after["accuracy"],
-                              "eval_tool_use": after["tool_use"]}, prefix="final/")
+                              "eval_tool_use": after["tool_use"], **_formatted(after)},
+             prefix="final/")
   summary = {
       "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"],
       "tool_use_before": before["tool_use"], "tool_use_after": after["tool_use"],
+      "formatted_before": before.get("formatted", float("nan")),
+      "formatted_after": after["formatted"],
       "eval_problems": after["n"], "grader": task.grader, "method": method,
       "policy_steps": tcfg.num_steps,
       "trajectories_consumed": tcfg.batch_size * (tcfg.num_steps + warmup_steps),

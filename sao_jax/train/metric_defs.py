@@ -37,6 +37,9 @@ METRICS: dict[str, MetricDef] = {
                       "(1 = correct answer, 0 = wrong)"),
     "eval_accuracy": _m("fraction", "outcome", "greedy pass@1 on the held-out problems (periodic "
                         "eval on the first `eval.periodic_problems`; `final/` = all of them)"),
+    "eval_formatted": _m("fraction", "outcome", "math tasks: fraction of held-out responses "
+                         "with a non-empty final \\boxed{} (accuracy / this = accuracy given "
+                         "the format)"),
     "eval_tool_use": _m("fraction", "outcome", "fraction of held-out trajectories that called "
                         "the tool at least once"),
     **{f"style{k}_fraction": _m("fraction", "outcome", f"style_switch: fraction of the batch "
@@ -50,6 +53,9 @@ METRICS: dict[str, MetricDef] = {
                                "trajectory"),
     "obs_tokens_mean": _m("tokens", "outcome", "swe / swe_lite: mean observation (tool output) "
                           "tokens per trajectory, prompt excluded"),
+    "truncated_fraction": _m("fraction", "outcome", "fraction of the batch's trajectories "
+                             "cut by a length limit (model.max_seq_len, a prefill chunk, "
+                             "task.max_turns) instead of ending by themselves"),
     "failed": _m("trajectories", "outcome", "trajectories in the batch whose environment or "
                  "reward function raised (recorded with reward 0, see `info['error']`)"),
     # ---- DIS (policy) --------------------------------------------------------------------------

@@ -119,6 +119,13 @@ def _rules(flat: dict, num_devices: Optional[int]) -> list[Rule]:
       ("rollout.max_prefill_length", lambda v: v <= flat.get("model.max_seq_len", v),
        "must be <= model.max_seq_len", "lower it or raise model.max_seq_len",
        ("model.max_seq_len",)),
+      ("task.obs_pad", lambda v: v <= 0 or v + 32 <= flat.get("rollout.max_prefill_length", 64),
+       f"each padded observation (obs_pad + up to 32 tokens: tags and the result) must fit one "
+       f"prefill chunk of rollout.max_prefill_length "
+       f"({flat.get('rollout.max_prefill_length')}), or every episode ends at its first tool "
+       "output as truncated, with reward 0",
+       "raise rollout.max_prefill_length to >= task.obs_pad + 32 (e.g. 160 for 100)",
+       ("rollout.max_prefill_length",)),
       ("rollout.lockstep", lambda v: not v or flat.get("rollout.backend", "thread") == "thread",
        "needs rollout.backend='thread' (a deterministic in-process rollout)",
        "set rollout.lockstep=False or rollout.backend='thread'", ("rollout.backend",)),

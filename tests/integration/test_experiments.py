@@ -152,11 +152,12 @@ def test_throughput_quick(tmp_path):
 def test_training_experiments_quick(tmp_path):
   """stability (sao and grpo_m4 at a fixed delay of 2), ablations (the running-mean arm, 12 steps on
   a pool of 32 prompts at batch 8), stress (one remedy), online, long_horizon (sao and
-  grpo_dis at 2 steps, delay 4): the tiny model, in one subprocess."""
+  grpo_dis at 2 steps, delay 4), real_lm (its pipeline: sao and grpo_dis, 2 steps): the tiny
+  model, in one subprocess."""
   code = ("import sys; sys.path.insert(0, 'experiments'); import stability, ablations, "
-          f"stress, online_style, long_horizon; out = {str(tmp_path)!r}; "
+          f"stress, online_style, long_horizon, real_lm; out = {str(tmp_path)!r}; "
           "stability.run(True, out); ablations.run(True, out); stress.run(True, out); "
-          "online_style.run(True, out); long_horizon.run(True, out)")
+          "online_style.run(True, out); long_horizon.run(True, out); real_lm.run(True, out)")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                         timeout=900, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -195,6 +196,12 @@ def test_training_experiments_quick(tmp_path):
   config = os.path.join(out, "runs", "long_horizon", "grpo_dis", "seed0", "config.json")
   assert '"objective": "dis"' in open(config, encoding="utf-8").read()
   assert "| grpo_dis | 0 |" in open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read()
+  # real_lm (the pipeline on the tiny model): both arms, a per-run row with its eval curve
+  _check_outputs(out, "real_lm", ["sao", "grpo_dis"], ["final_accuracy", "eval_accuracy"],
+                 0.0, 1.0)
+  section = open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read().split(
+      "section:real_lm")[1]
+  assert "| sao | 0 |" in section and "quick run: pipeline check only" in section
 
 
 def test_long_horizon_rule_hand_worked():

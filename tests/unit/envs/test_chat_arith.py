@@ -75,3 +75,25 @@ def test_task_from_the_config():
   assert (len(t.train_problems), len(t.eval_problems)) == (1000, 200)
   assert t.env.system == chat_arith.SYSTEM
   assert max(len(t.env.prompt_ids(p)) for p in t.eval_problems) <= c.rollout.max_prefill_length
+
+
+@pytest.mark.slow
+@needs_smollm2
+def test_answer_prefix_starts_the_turn_and_is_graded(env):
+  """``task.answer_prefix='{expr} ='``: the prompt ends with "25 - 23 =", and the response is
+  graded with it in front; {expr} needs chat_arith's expression."""
+  tok = env.tokenizer
+  pre = ChatMathEnv(tok, system=chat_arith.SYSTEM, instruction=chat_arith.INSTRUCTION,
+                    answer_prefix="{expr} =", expression=chat_arith.expression)
+  p = chat_arith.make_problems(1, 0, "eval")[0]  # What is 25 - 23? -> 2
+  assert chat_arith.expression(p) == "25 - 23"
+  assert pre.prompt_text(p) == env.prompt_text(p) + "25 - 23 ="
+  end = tok.encode("<|im_end|>")
+  step = pre.step(p, 0, tok.encode(" 2. The answer is \\boxed{2}.") + end)
+  assert (step.reward, step.info["answer"]) == (1.0, "2")
+  assert pre.step(p, 0, tok.encode(" 3. The answer is \\boxed{3}.") + end).reward == 0.0
+  assert pre.step(p, 0, tok.encode(" 2.") + end).info["answer"] is None  # unformatted
+  with pytest.raises(ValueError, match="uses {expr}"):
+    ChatMathEnv(tok, answer_prefix="{expr} =")
+  with pytest.raises(ValueError, match="not a chat_arith prompt"):
+    chat_arith.expression(type(p)(id="x", prompt="2+2", answer="4"))

@@ -26,7 +26,9 @@ def _config(name="arith_tool", variant=""):
 
 @pytest.mark.parametrize("name,variant", [("arith_tool", ""), ("arith_tool", "smoke"),
                                           ("aime", "smoke"), ("gsm8k_smollm2", ""),
-                                          ("gsm8k_smollm2", "smoke")])
+                                          ("gsm8k_smollm2", "smoke"),
+                                          ("chain_tool", "long_obs"),
+                                          ("smollm2_arith", "compare")])
 def test_shipped_configs_are_valid(name, variant):
   validate_config(_config(name, variant), num_devices=1)
 
@@ -291,6 +293,7 @@ def test_a_multi_process_job_starts_no_jax_backend_before_distributed_initialize
     ("model.n_kv_heads", 3, "config.model.n_kv_heads = 3: must be >= 1 and divide model.n_heads"),
     ("task.name", "chess", "config.task.name = 'chess': must be one of"),
     ("rollout.max_prefill_length", 4096, "must be <= model.max_seq_len"),
+    ("task.obs_pad", 100, "config.task.obs_pad = 100: each padded observation"),
     ("train.policy_lr", float("nan"), "config.train.policy_lr = nan: must be finite"),
     ("task.tool_latency_median_s", -0.2,
      "config.task.tool_latency_median_s = -0.2: must be >= 0 (median s"),
