@@ -46,7 +46,8 @@ def _trajectory_metrics(trajs) -> dict[str, float]:
 
 def _formatted(ev: dict) -> dict[str, float]:
   """``{"eval_formatted": ...}`` where the task reports answers, else {} (no NaN logged)."""
-  return {"eval_formatted": ev["formatted"]} if np.isfinite(ev["formatted"]) else {}
+  f = ev.get("formatted", float("nan"))
+  return {"eval_formatted": f} if np.isfinite(f) else {}
 
 
 def run(config) -> dict[str, Any]:
@@ -116,7 +117,7 @@ def run(config) -> dict[str, Any]:
           f"tool_use {before['tool_use']:.3f} on {before['n']} problems "
           f"({time.time() - t0:.1f}s)", flush=True)
     before = {k: before[k] for k in ("accuracy", "tool_use", "formatted", "n")
-              if np.isfinite(before[k])}  # JSON meta: no NaN (no answers reported)
+              if k in before and np.isfinite(before[k])}  # JSON meta: no NaN (no answers reported)
 
   def save(step):
     ckpt.save(step, learner.states(), meta={
@@ -186,7 +187,7 @@ def run(config) -> dict[str, Any]:
       "accuracy_before": before["accuracy"], "accuracy_after": after["accuracy"],
       "tool_use_before": before["tool_use"], "tool_use_after": after["tool_use"],
       "formatted_before": before.get("formatted", float("nan")),
-      "formatted_after": after["formatted"],
+      "formatted_after": after.get("formatted", float("nan")),
       "eval_problems": after["n"], "grader": task.grader, "method": method,
       "policy_steps": tcfg.num_steps,
       "trajectories_consumed": tcfg.batch_size * (tcfg.num_steps + warmup_steps),
