@@ -54,8 +54,6 @@ ARMS = (common.Arm("sao", {}),
         common.Arm("grpo_dis", {"train.mode": "grpo_async", "train.group_size": 4,
                                 "train.policy_minibatches": 1, "train.objective": "dis"}))
 METRICS = tc.TRAIN_METRICS + ("eval_formatted",)
-# quick: the pipeline on the tiny chain_tool model (groups of 4 in its batch of 8)
-QUICK = dict(tc.QUICK, **{"eval.every_steps": 1})
 
 
 def config_fn(quick: bool):
@@ -104,7 +102,7 @@ def run_table(rows, seeds) -> list[list]:
 def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
   out_dir, md = common.out_paths(EXPERIMENT, quick, out_dir)
   seeds = tc.SEEDS_QUICK if quick else SEEDS
-  base = dict(QUICK if quick else {}, **tc.fixed_delay(DELAY))
+  base = dict(tc.QUICK if quick else {}, **tc.fixed_delay(DELAY))  # quick: groups of 4 in 8
   csv_path = common.run_training_arms(EXPERIMENT, ARMS, seeds, quick=quick, out_dir=out_dir,
                                       metrics=METRICS, base=base, config_fn=config_fn,
                                       report_only=report_only)
