@@ -84,10 +84,14 @@ def _set_fields(obj, skip: tuple = ()) -> dict:
 def sft_key(run: roles.Run, mcfg) -> str:
   """The identity of a warm start (its ``sft.cache_dir`` file name): the ``sft`` and ``task``
   fields set away from their defaults, the model and the seed -- not where it is cached
-  (``sft.cache_dir``) nor ``task.prompt_pool`` (which prompts RL cycles over); a field added to
-  ``roles.Sft`` / ``roles.Task`` with a default does not change existing identities."""
-  return sft_lib.cache_key(_set_fields(run.sft, ("cache_dir",)),
-                           _set_fields(run.task, ("prompt_pool",)), str(mcfg), run.seed)
+  (``sft.cache_dir``), nor ``task.prompt_pool`` (which prompts RL cycles over), nor the tool
+  latency (``task.tool_latency_*``: it delays training rollouts, the demonstrations are the same);
+  a field added to ``roles.Sft`` / ``roles.Task`` with a default does not change existing
+  identities."""
+  return sft_lib.cache_key(
+      _set_fields(run.sft, ("cache_dir",)),
+      _set_fields(run.task, ("prompt_pool", "tool_latency_median_s", "tool_latency_sigma")),
+      str(mcfg), run.seed)
 
 
 def build_policy(run: roles.Run, task, warm_start: bool = True, mesh=None) -> Policy:

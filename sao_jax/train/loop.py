@@ -97,6 +97,7 @@ def run(config) -> dict[str, Any]:
   start_step, version, before = 0, 0, None
   pool = task.train_problems[:config.task.prompt_pool or None]  # the prompts RL cycles over
   ledger = PromptLedger(pool, config.seed + jax.process_index())
+  eval_total_s = 0.0  # wall seconds spent in held-out evals so far (logged: time-to-accuracy)
   if resume_step is not None:  # restore learner, counters, the prompt ledger's cursor
     meta = ckpt.meta(resume_step)
     learner.load_states(ckpt.restore(learner.restore_target(), resume_step))
@@ -113,6 +114,7 @@ def run(config) -> dict[str, Any]:
   else:
     t0 = time.time()
     before = evaluate(publish(), task.eval_problems, 0)
+    eval_total_s = time.time() - t0
     print(f"eval before {method}: accuracy {before['accuracy']:.3f} "
           f"tool_use {before['tool_use']:.3f} on {before['n']} problems "
           f"({time.time() - t0:.1f}s)", flush=True)
@@ -153,10 +155,12 @@ def run(config) -> dict[str, Any]:
                      policy_version=version,
                      train_s=time.perf_counter() - t0, elapsed_s=time.time() - t_job,
                      nonfinite_total=float(guard.total), step_t_begin=step_t_begin,
-                     step_t_publish=time.time())
+                     step_t_publish=time.time(), eval_total_s=eval_total_s)
       if config.eval.every_steps and step % config.eval.every_steps == 0 and step < tcfg.num_steps:
+        t_eval = time.time()
         ev = evaluate(publish(), task.eval_problems[:config.eval.periodic_problems],
                       version)
+        eval_total_s += time.time() - t_eval
         metrics.update(eval_accuracy=ev["accuracy"], eval_tool_use=ev["tool_use"],
                        **_formatted(ev))
       logger.log(step, metrics)

@@ -152,12 +152,15 @@ def test_throughput_quick(tmp_path):
 def test_training_experiments_quick(tmp_path):
   """stability (sao and grpo_m4 at a fixed delay of 2), ablations (the running-mean arm, 12 steps on
   a pool of 32 prompts at batch 8), stress (one remedy), online, long_horizon (sao and
-  grpo_dis at 2 steps, delay 4), real_lm (its pipeline: sao and grpo_dis, 2 steps): the tiny
-  model, in one subprocess."""
+  grpo_dis at 2 steps, delay 4), real_lm (its pipeline: sao and grpo_dis, 2 steps),
+  time_to_accuracy (sao and grpo_sync, 2 steps with tool latency): the tiny model, in one
+  subprocess."""
   code = ("import sys; sys.path.insert(0, 'experiments'); import stability, ablations, "
-          f"stress, online_style, long_horizon, real_lm; out = {str(tmp_path)!r}; "
+          f"stress, online_style, long_horizon, real_lm, time_to_accuracy; "
+          f"out = {str(tmp_path)!r}; "
           "stability.run(True, out); ablations.run(True, out); stress.run(True, out); "
-          "online_style.run(True, out); long_horizon.run(True, out); real_lm.run(True, out)")
+          "online_style.run(True, out); long_horizon.run(True, out); real_lm.run(True, out); "
+          "time_to_accuracy.run(True, out)")
   proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                         timeout=900, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -202,6 +205,15 @@ def test_training_experiments_quick(tmp_path):
   section = open(os.path.join(out, "RESULTS.md"), encoding="utf-8").read().split(
       "section:real_lm")[1]
   assert "| sao | 0 |" in section and "quick run: pipeline check only" in section
+  # time_to_accuracy: both arms logged the training clock's parts; grpo_sync's barrier gives
+  # staleness 0 at every step
+  rows = _check_outputs(out, "time_to_accuracy_lognormal", ["sao", "grpo_sync"],
+                        ["final_accuracy", "eval_total_s", "elapsed_s"], 0.0, 1e4,
+                        section="time_to_accuracy")
+  stale = {(r["arm"], r["step"]): r["value"] for r in rows if r["metric"] == "staleness_mean"}
+  assert stale[("grpo_sync", 1)] == stale[("grpo_sync", 2)] == 0.0
+  ev = [r["value"] for r in rows if r["metric"] == "eval_total_s" and r["arm"] == "sao"]
+  assert len(ev) == 2 and 0 < ev[0] <= ev[1]  # the eval before training, then + the step-1 eval
 
 
 def test_long_horizon_rule_hand_worked():
@@ -302,3 +314,38 @@ def test_gae_coding_quick(tmp_path):
                         ["final_accuracy", "obs_tokens_mean"], 0.0, 1e6)
   assert proc.stdout.count("finished earlier") == 2  # the second call ran nothing
   assert sum(r["metric"] == "final_accuracy" for r in rows) == 2
+
+
+def test_time_to_accuracy_rule_hand_worked():
+  """time_to_accuracy.py: the training clock is elapsed_s - eval_total_s; TTA is the clock of the
+  first eval at or above the target (the warm start excluded), else the run is censored and
+  ranks slower than any run that reached it; 5/5 ratios > 1 (sign-flip p = 2/32) = faster, 4/5 =
+  no difference; 3 seeds give a direction only."""
+  import time_to_accuracy as tta  # pylint: disable=import-outside-toplevel
+  rows = [dict(arm="sao", seed=0, step=st, metric=m, value=v) for st, m, v in (
+      (0, "initial_accuracy", 0.2), (1, "elapsed_s", 50.0), (1, "eval_total_s", 5.0),
+      (1, "rollout_trajectories", 40.0), (5, "elapsed_s", 100.0), (5, "eval_total_s", 5.0),
+      (5, "eval_accuracy", 0.3), (10, "elapsed_s", 160.0), (10, "eval_total_s", 12.0),
+      (10, "rollout_trajectories", 360.0), (10, "final_accuracy", 0.6))]
+  steps, ts, acc, (t1, tl, n) = tta.clocks(rows)[("sao", 0)]
+  assert steps.tolist() == [0, 5, 10] and ts.tolist() == [0.0, 95.0, 148.0]
+  assert acc.tolist() == [0.2, 0.3, 0.6] and (t1, tl, n) == (45.0, 148.0, 320.0)
+  assert tta.time_to_target(ts, acc, 0.4) == (148.0, True)
+  assert tta.time_to_target(ts, acc, 0.3) == (95.0, True)
+  assert tta.time_to_target(ts, acc, 0.7) == (148.0, False)
+  assert tta.time_to_target(np.array([0.0, 9.0]), np.array([0.5, 0.1]), 0.4) == (9.0, False)
+  assert tta.log_ratio((40.0, True), (20.0, True)) == pytest.approx(np.log(2))
+  assert tta.log_ratio((30.0, False), (20.0, True)) == np.inf
+  assert tta.log_ratio((10.0, True), (90.0, False)) == -np.inf
+  assert tta.log_ratio((30.0, False), (20.0, False)) == 0.0
+  up = [0.3, np.inf, 0.1, 0.7, 0.2]
+  assert tta.ratio_verdict(up, "sao", "b", 5) == "sao faster than b"
+  assert tta.ratio_verdict([-x for x in up], "sao", "b", 5) == "b faster than sao"
+  assert tta.ratio_verdict(up[:4] + [-0.1], "sao", "b", 5) == "no difference shown"
+  assert tta.ratio_verdict(up[:4], "sao", "b", 5).startswith("incomplete (4 of 5")
+  assert tta.ratio_verdict(up[:3], "sao", "b", 3) == "sao faster (3/3)"
+  assert tta.ratio_verdict([0.1, -0.2, 0.3], "sao", "b", 3) == "no consistent direction"
+  arms = {a.name: a.overrides for a in tta.ARMS}  # grpo_async and grpo_sync differ in mode only
+  assert {k: v for k, v in arms["grpo_sync"].items() if k != "train.mode"} == {
+      k: v for k, v in arms["grpo_async"].items() if k != "train.mode"}
+  assert arms["grpo_sync"]["train.mode"] == "grpo_sync" and arms["sao"] == {}

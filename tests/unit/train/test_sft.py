@@ -72,13 +72,15 @@ def test_cache_key_changes_with_any_part():
 
 
 def test_warm_start_identity_ignores_where_it_is_cached_and_the_prompt_pool():
-  """``build.sft_key``: the same warm start whatever ``sft.cache_dir`` or ``task.prompt_pool``
-  (so every cell of an experiment shares it); another demo set (``task.n_train``) is another."""
+  """``build.sft_key``: the same warm start whatever ``sft.cache_dir``, ``task.prompt_pool`` or the
+  tool latency (so every cell of an experiment shares it); another demo set (``task.n_train``)
+  is another."""
   from sao_jax import build, configs, roles  # pylint: disable=import-outside-toplevel
   c = configs.load("chain_tool")
   key = lambda: build.sft_key(roles.from_config(c), "model")
   base = key()
   c.sft.cache_dir, c.task.prompt_pool = "elsewhere", 128
+  c.task.tool_latency_median_s, c.task.tool_latency_sigma = 0.2, 0.5  # same demonstrations
   assert key() == base
   c.task.n_train = 100
   assert key() != base
