@@ -123,9 +123,9 @@ def build_policy(run: roles.Run, task, warm_start: bool = True, mesh=None) -> Po
           seed=run.seed, log_every=max(1, sft.steps // 5),
           log=lambda msg: print(msg, file=bar.stream, flush=True), on_step=lambda i: bar.update()))
   bar.close()
-  print(f"sft warm-up: {sft.steps} steps, final loss {loss:.4f}"
-        f"{' (cached: ' + sft.cache_dir + ')' if np.isnan(loss) else ''}, "
-        f"{time.time() - t0:.1f}s", flush=True)
+  done = (f"loaded from the cache {sft.cache_dir}" if np.isnan(loss) else
+          f"final loss {loss:.4f}")  # a cached warm start has no loss to report
+  print(f"sft warm-up: {sft.steps} steps, {done}, {time.time() - t0:.1f}s", flush=True)
   return Policy(mcfg, graphdef, params, "SFT warm start")
 
 
