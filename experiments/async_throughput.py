@@ -45,8 +45,8 @@ PIPELINE = (
     "73.7, medians; 0.66x including compilation) on the ordinary task (`python "
     "benchmarks/bench_pipeline.py --steps 30 --repeats 2`, `benchmarks/RESULTS.md` section 4b): "
     "short, uniform rollouts leave the sync barrier almost nothing to wait for (0.08-0.09 s per "
-    "step) and SAO is trainer-bound (0.25-0.37 s steps). Time-to-accuracy (issue 30 item 5) is "
-    "not measured: it needs a quiet machine for its wall clocks.")
+    "step) and SAO is trainer-bound (0.25-0.37 s steps). Wall-clock time to a fixed accuracy, "
+    "with and without tool latency, is section 4b (`experiments/time_to_accuracy.py`).")
 QUEUE = 64
 AREAL_SPEEDUP = 2.77  # AReaL (Fu et al., 2025): "up to 2.77x" over synchronous systems
 

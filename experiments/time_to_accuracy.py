@@ -19,14 +19,16 @@ M = 1, no critic) and ``grpo_sync`` (the same objective behind the synchronous b
 is generated only with the weights of step n). ``grpo_async`` vs ``grpo_sync`` differ only in
 scheduling; ``sao`` vs ``grpo_async`` only in the algorithm.
 
-The clock: ``elapsed_s - eval_total_s`` (``sao_jax/train/loop.py``): seconds since the job
-started (model build, compilation, SAO's critic warm-up of 10 steps on warm-start rollouts
-included -- costs an arm really pays) minus the seconds spent in held-out evals, so the eval
-schedule does not enter the measure. Rollout threads keep generating during an eval (every arm:
-the synchronous barrier releases the next batch at the publish that precedes the eval), a
-shared, small bias. Time to accuracy (TTA) of a run = that clock at the first eval with accuracy
->= ``TARGET`` (0.40 on 400 problems, about twice the warm starts' 0.175-0.24); a run that never
-reaches it is censored at its 40-step clock and ranks as slower than any run that does.
+The clock: ``elapsed_s - warm_start_s - eval_total_s`` (``sao_jax/train/loop.py``): seconds
+since the job started (compilation and SAO's critic warm-up of 10 steps on warm-start rollouts
+included -- costs an arm really pays) minus the SFT warm start (trained by the first arm of a
+seed, loaded from the cache by the others) and the seconds spent in held-out evals, so neither
+the cache nor the eval schedule enters the measure. Rollout threads keep generating during an
+eval (every arm: the synchronous barrier releases the next batch at the publish that precedes
+the eval), a shared, small bias. Time to accuracy (TTA) of a run = that clock at the first eval
+with accuracy >= ``TARGET`` (0.40 on 400 problems, about twice the warm starts' 0.175-0.24); a
+run that never reaches it is censored at its 40-step clock and ranks as slower than any run that
+does.
 
 Rule (fixed before the runs). Per cell, baseline b and seed s: the paired ratio
 r_s = TTA_b / TTA_sao (censored runs compare as above). On the ``lognormal`` cell (5 seeds):
@@ -74,15 +76,15 @@ GRPO_SYNC = common.Arm("grpo_sync", dict(stability.GRPO_DIS.overrides,
                                          **{"train.mode": "grpo_sync"}))
 ARMS = (common.Arm("sao", {}), GRPO_ASYNC, GRPO_SYNC)
 QUICK_ARMS = ("sao", "grpo_sync")
-METRICS = ("eval_accuracy", "reward_mean", "staleness_mean", "eval_total_s",
+METRICS = ("eval_accuracy", "reward_mean", "staleness_mean", "eval_total_s", "warm_start_s",
            "rollout_trajectories", "explained_variance")
 MAX_P = 0.0625
 
 
 def clocks(rows: list[dict]) -> dict:
   """``{(arm, seed): (steps, clock_s, accuracy, rollouts)}``: per logged eval step (step 0 = the
-  warm start at clock 0), the training clock ``elapsed_s - eval_total_s`` in seconds and the eval
-  accuracy; ``rollouts`` = (clock at step 1, clock at the last step, trajectories generated
+  warm start at clock 0), the training clock ``elapsed_s - warm_start_s - eval_total_s`` (s),
+  the eval accuracy; ``rollouts`` = (clock at step 1, clock at the last step, trajectories generated
   between them) for the throughput column."""
   per = {}
   for r in rows:
@@ -90,8 +92,8 @@ def clocks(rows: list[dict]) -> dict:
         r["metric"]] = float(r["value"])
   out = {}
   for key, steps in per.items():
-    clock = {s: m["elapsed_s"] - m.get("eval_total_s", 0.0) for s, m in steps.items()
-             if "elapsed_s" in m}
+    clock = {s: m["elapsed_s"] - m.get("eval_total_s", 0.0) - m.get("warm_start_s", 0.0)
+             for s, m in steps.items() if "elapsed_s" in m}
     evals = sorted((s, m["eval_accuracy"]) for s, m in steps.items()
                    if "eval_accuracy" in m and s in clock)
     acc0 = steps.get(0, {}).get("initial_accuracy")
@@ -173,8 +175,15 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
         tta[(a, s)] = time_to_target(ts, acc)
         thr = n / (tl - t1) if tl > t1 else float("nan")
         t, reached = tta[(a, s)]
-        table.append([a, s, acc[0], f"{t:.1f}" + ("" if reached else " (not reached)"),
-                      f"{ts[-1]:.1f}", thr, stale.get((a, s), float("nan")), acc[-1]])
+        at = int(xs[list(ts).index(t)]) if reached else "-"
+        table.append([a, s, acc[0], f"{t:.1f}" + ("" if reached else " (not reached)"), at,
+                      t1, tl - t1, thr, stale.get((a, s), float("nan")), acc[-1]])
+    medians = "; ".join(
+        f"{a} {np.median([r[5] for r in table if r[0] == a]):.1f} s before step 1 and "
+        f"{np.median([r[6] for r in table if r[0] == a]):.1f} s for steps 1-{STEPS}, "
+        f"{sum(r[4] == EVAL_EVERY for r in table if r[0] == a)} of "
+        f"{sum(r[0] == a for r in table)} runs at the target by the first eval"
+        for a in names if any(r[0] == a for r in table))
     lines, verdicts = [], {}
     for a, b in (("sao", "grpo_async"), ("sao", "grpo_sync"), ("grpo_async", "grpo_sync")):
       if a not in names or b not in names:
@@ -191,8 +200,14 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
     parts.append(f"""### Tool latency: {cell} ({overrides or 'none'})
 
 {common.markdown_table(["arm", "seed", "acc step 0", f"TTA s (acc >= {TARGET})",
-                        "clock at the end s", "traj/s (RL phase)", "staleness (mean)",
-                        "final acc"], table)}
+                        "at step", "clock at step 1 s", "clock steps 1-end s",
+                        "traj/s (RL phase)", "staleness (mean)", "final acc"], table)}
+
+Where the clock goes (medians): {medians}. The clock at step 1 is the fixed cost (compiling,
+the first batch, and for SAO the critic and its value pre-training, `train.critic_warmup_steps`
+= 10 steps of 32 rollouts). Where most runs reach the target at their first eval, TTA is about
+that fixed cost plus {EVAL_EVERY} steps, not the steady throughput: the steady part is the clock
+of steps 1-{STEPS} and the traj/s column.
 
 {chr(10).join(lines)}
 
@@ -205,7 +220,8 @@ def run(quick: bool, out_dir=None, report_only: bool = False) -> str:
 Setting and rule (fixed in the script's docstring before the runs): `configs/{tc.TASK}.py` with
 {QUICK if quick else FULL}, each mode's natural asynchrony (no lockstep); arms
 {[a.name + ' ' + str(a.overrides) for a in arms]}; TTA = the training clock (`elapsed_s -
-eval_total_s`: job start to the eval, eval time excluded, SAO's critic warm-up included) at the
+warm_start_s - eval_total_s`: job start to the eval, SFT and eval time excluded, SAO's critic
+warm-up included) at the
 first eval with accuracy >= {TARGET}; a run that never reaches it is censored and ranks slower.
 Per pair and cell, the per-seed ratio TTA(second) / TTA(first); lognormal (5 seeds): all 5 > 1
 with exact sign-flip p <= {MAX_P}, or the mirror; none (3 seeds): a direction only.

@@ -74,7 +74,9 @@ def run(config) -> dict[str, Any]:
     print(f"placement: learner on devices {[d.id for d in mesh.devices.flat]} "
           f"{dict(mesh.shape)}, rollout on {[d.id for d in rollout_mesh.devices.flat]} "
           f"{dict(rollout_mesh.shape)}", flush=True)
+  t_policy = time.time()
   policy = build.build_policy(config, task, warm_start=resume_step is None, mesh=mesh)
+  warm_start_s = time.time() - t_policy  # the SFT warm-up (or its cache load), logged per step
   print(f"task {config.task.name}: {len(task.train_problems)} train / {len(task.eval_problems)} "
         f"eval problems; model {policy.mcfg}", flush=True)
   if resume_step is None:
@@ -155,7 +157,8 @@ def run(config) -> dict[str, Any]:
                      policy_version=version,
                      train_s=time.perf_counter() - t0, elapsed_s=time.time() - t_job,
                      nonfinite_total=float(guard.total), step_t_begin=step_t_begin,
-                     step_t_publish=time.time(), eval_total_s=eval_total_s)
+                     step_t_publish=time.time(), eval_total_s=eval_total_s,
+                     warm_start_s=warm_start_s)
       if config.eval.every_steps and step % config.eval.every_steps == 0 and step < tcfg.num_steps:
         t_eval = time.time()
         ev = evaluate(publish(), task.eval_problems[:config.eval.periodic_problems],

@@ -154,7 +154,10 @@ METRICS: dict[str, MetricDef] = {
     "elapsed_s": _m("s", "throughput", "wall time since the job started"),
     "eval_total_s": _m("s", "throughput", "wall time of the held-out evals so far (the one "
                        "before training and the periodic ones before this step), part of "
-                       "`elapsed_s`: `elapsed_s - eval_total_s` is the training clock"),
+                       "`elapsed_s`"),
+    "warm_start_s": _m("s", "throughput", "wall time of building the policy (the SFT warm-up, "
+                       "or loading it or a checkpoint), part of `elapsed_s`: `elapsed_s - "
+                       "warm_start_s - eval_total_s` is the training clock"),
     # ---- the algorithm family's shared vocabulary (sao_jax/algo/objectives.py) ----------------
     "ratio_min": _m("ratio", "DIS policy", "smallest importance ratio over action tokens"),
     "masked_fraction_pos_adv": _m("fraction", "DIS policy", "masked / clipped fraction among "

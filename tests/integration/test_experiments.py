@@ -208,7 +208,8 @@ def test_training_experiments_quick(tmp_path):
   # time_to_accuracy: both arms logged the training clock's parts; grpo_sync's barrier gives
   # staleness 0 at every step
   rows = _check_outputs(out, "time_to_accuracy_lognormal", ["sao", "grpo_sync"],
-                        ["final_accuracy", "eval_total_s", "elapsed_s"], 0.0, 1e4,
+                        ["final_accuracy", "eval_total_s", "warm_start_s", "elapsed_s"], 0.0,
+                        1e4,
                         section="time_to_accuracy")
   stale = {(r["arm"], r["step"]): r["value"] for r in rows if r["metric"] == "staleness_mean"}
   assert stale[("grpo_sync", 1)] == stale[("grpo_sync", 2)] == 0.0
@@ -317,22 +318,23 @@ def test_gae_coding_quick(tmp_path):
 
 
 def test_time_to_accuracy_rule_hand_worked():
-  """time_to_accuracy.py: the training clock is elapsed_s - eval_total_s; TTA is the clock of the
-  first eval at or above the target (the warm start excluded), else the run is censored and
-  ranks slower than any run that reached it; 5/5 ratios > 1 (sign-flip p = 2/32) = faster, 4/5 =
-  no difference; 3 seeds give a direction only."""
+  """time_to_accuracy.py: the training clock is elapsed_s - warm_start_s - eval_total_s; TTA is the
+  clock of the first eval at or above the target (the warm start excluded), else the run is
+  censored and ranks slower than any run that reached it; 5/5 ratios > 1 (sign-flip p = 2/32) =
+  faster, 4/5 = no difference; 3 seeds give a direction only."""
   import time_to_accuracy as tta  # pylint: disable=import-outside-toplevel
   rows = [dict(arm="sao", seed=0, step=st, metric=m, value=v) for st, m, v in (
       (0, "initial_accuracy", 0.2), (1, "elapsed_s", 50.0), (1, "eval_total_s", 5.0),
       (1, "rollout_trajectories", 40.0), (5, "elapsed_s", 100.0), (5, "eval_total_s", 5.0),
       (5, "eval_accuracy", 0.3), (10, "elapsed_s", 160.0), (10, "eval_total_s", 12.0),
-      (10, "rollout_trajectories", 360.0), (10, "final_accuracy", 0.6))]
+      (10, "rollout_trajectories", 360.0), (10, "final_accuracy", 0.6),
+      (1, "warm_start_s", 3.0), (5, "warm_start_s", 3.0), (10, "warm_start_s", 3.0))]
   steps, ts, acc, (t1, tl, n) = tta.clocks(rows)[("sao", 0)]
-  assert steps.tolist() == [0, 5, 10] and ts.tolist() == [0.0, 95.0, 148.0]
-  assert acc.tolist() == [0.2, 0.3, 0.6] and (t1, tl, n) == (45.0, 148.0, 320.0)
-  assert tta.time_to_target(ts, acc, 0.4) == (148.0, True)
-  assert tta.time_to_target(ts, acc, 0.3) == (95.0, True)
-  assert tta.time_to_target(ts, acc, 0.7) == (148.0, False)
+  assert steps.tolist() == [0, 5, 10] and ts.tolist() == [0.0, 92.0, 145.0]
+  assert acc.tolist() == [0.2, 0.3, 0.6] and (t1, tl, n) == (42.0, 145.0, 320.0)
+  assert tta.time_to_target(ts, acc, 0.4) == (145.0, True)
+  assert tta.time_to_target(ts, acc, 0.3) == (92.0, True)
+  assert tta.time_to_target(ts, acc, 0.7) == (145.0, False)
   assert tta.time_to_target(np.array([0.0, 9.0]), np.array([0.5, 0.1]), 0.4) == (9.0, False)
   assert tta.log_ratio((40.0, True), (20.0, True)) == pytest.approx(np.log(2))
   assert tta.log_ratio((30.0, False), (20.0, True)) == np.inf
