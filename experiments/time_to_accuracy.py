@@ -213,9 +213,8 @@ of steps 1-{STEPS} and the traj/s column.
 
 ![time to accuracy, {cell}](results/{name}.png)
 """)
-  cmd = ("nice -n 10 python experiments/time_to_accuracy.py" + (" --quick" if quick else "") +
-         " (resumable: finished runs are kept in the CSVs; a quiet machine)")
-  body = f"""Command: `{cmd}`
+  cmd = "nice -n 10 python experiments/time_to_accuracy.py" + (" --quick" if quick else "")
+  body = f"""Command: `{cmd}` (resumable: finished runs are kept in the CSVs; on a quiet machine)
 
 Setting and rule (fixed in the script's docstring before the runs): `configs/{tc.TASK}.py` with
 {QUICK if quick else FULL}, each mode's natural asynchrony (no lockstep); arms
@@ -231,6 +230,7 @@ with exact sign-flip p <= {MAX_P}, or the mirror; none (3 seeds): a direction on
 clock to {TARGET} on 400 held-out problems, evals excluded.)
 """
   common.write_section(md, EXPERIMENT, TITLE, body)
+  print(f"wrote section {EXPERIMENT!r} of {md} from {', '.join(csvs)}", flush=True)
   return csvs[0]
 
 
