@@ -204,11 +204,22 @@ def engine_rollout(run: roles.Run, params, mcfg, task, *, temperature: float,
   return rollout
 
 
-def load_params(run: roles.Run, checkpoint: str, vocab_size: int):
+WARM_START = "warm_start"  # --checkpoint value: the SFT warm start (sft.cache_dir)
+
+
+def load_params(run: roles.Run, checkpoint: str, vocab_size: int, task=None):
   """``(ModelConfig, policy params)`` of ``run.model``: a Hugging Face folder / GGUF
   (``model.checkpoint_dir`` / ``model.gguf``, shapes from the checkpoint), an orbax
-  ``checkpoint`` written by ``sao_jax.main``, or random init when there is none and the config
-  allows it. Raises ValueError naming the flag to set."""
+  ``checkpoint`` written by ``sao_jax.main``, ``checkpoint="warm_start"``: the SFT warm start of
+  ``task`` that ``sao_jax.main`` starts RL from (``build.build_policy``: loaded from
+  ``sft.cache_dir`` when cached there, else trained now), or random init when there is none and
+  the config allows it. Raises ValueError naming the flag to set."""
+  if checkpoint == WARM_START:
+    if task is None or not task.sft_demos:
+      raise ValueError("--checkpoint=warm_start: this task has no SFT demonstrations to warm "
+                       "start from; pass an orbax checkpoint folder instead.")
+    policy = build.build_policy(run, task)
+    return policy.mcfg, policy.params
   if not checkpoint or checkpoint == run.model.checkpoint_dir:
     loaded = pretrained.load_model(run.model)
     if loaded:
@@ -299,7 +310,7 @@ def main(argv):
     rollout = responses_rollout(FLAGS.responses, problems)
     source = f"responses {FLAGS.responses}"
   else:
-    mcfg, params = load_params(config, checkpoint, task.tokenizer.vocab_size)
+    mcfg, params = load_params(config, checkpoint, task.tokenizer.vocab_size, task)
     rollout = engine_rollout(config, params, mcfg, task, temperature=FLAGS.temperature,
                              max_new_tokens=FLAGS.max_new_tokens or config.rollout.max_new_tokens,
                              seed=FLAGS.seed, env=env, env_workers=env_workers_for(config))
@@ -314,6 +325,8 @@ def main(argv):
 
 
 def _default_out(config, checkpoint: str, filename: str) -> str:
+  if checkpoint == WARM_START:
+    return os.path.join(config.run_dir, "eval", f"{WARM_START}_{filename}")
   base = (os.path.dirname(os.path.normpath(checkpoint))
           if checkpoint and not os.path.isfile(os.path.join(checkpoint, "config.json"))
           else config.run_dir)
@@ -339,7 +352,7 @@ def _main_protocol(config: roles.Run) -> None:
   n_override = FLAGS.n if FLAGS["n"].present else 0
   task = tasks.make_task(config)
   checkpoint = FLAGS.checkpoint or config.model.checkpoint_dir
-  mcfg, params = load_params(config, checkpoint, task.tokenizer.vocab_size)
+  mcfg, params = load_params(config, checkpoint, task.tokenizer.vocab_size, task)
   trajs: list = []
   rollout = engine_rollout(config, params, mcfg, task, temperature=1.0,
                            max_new_tokens=FLAGS.max_new_tokens or config.rollout.max_new_tokens,
@@ -378,7 +391,8 @@ def define_flags() -> None:
   config_flags.DEFINE_config_file("config", None, "ml_collections config file (model shape, task, "
                                   "rollout settings), e.g. configs/aime.py.", lock_config=False)
   flags.DEFINE_string("checkpoint", "", "sao_jax orbax checkpoint folder (<run_dir>/checkpoints); "
-                      "'' uses the config's model.checkpoint_dir.")
+                      "'' uses the config's model.checkpoint_dir; 'warm_start': the SFT warm "
+                      "start RL begins from (from --config.sft.cache_dir when cached there).")
   flags.DEFINE_string("benchmark", "", "JSONL benchmark file (or packaged name); '' = the config's "
                       "held-out problems.")
   flags.DEFINE_integer("n", 16, "samples per problem (paper: 16).")
