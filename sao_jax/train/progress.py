@@ -29,15 +29,21 @@ def format_fields(fields: dict) -> str:
   return "  ".join(parts)
 
 
-def format_status(desc: str, done: int, total: int, elapsed_s: float, fields: dict) -> str:
+def format_status(desc: str, done: int, total: int, elapsed_s: float, fields: dict,
+                  since: tuple[int, float] = (0, 0.0)) -> str:
   """One plain status line.
 
-  ETA is ``elapsed_s / done * (total - done)`` (seconds, formatted ``[H:]MM:SS`` by tqdm), "?"
-  before the first step. Example: ``format_status("SAO", 25, 100, 50.0, {"reward": 0.5})`` ->
+  ETA is the rate since ``since = (done_then, elapsed_then)`` times the units left:
+  ``(elapsed_s - elapsed_then) / (done - done_then) * (total - done)`` (seconds, formatted
+  ``[H:]MM:SS`` by tqdm), "?" while ``done <= done_then``. ``Progress`` measures from its first
+  unit, whose time includes the JIT compile. Example:
+  ``format_status("SAO", 25, 100, 50.0, {"reward": 0.5})`` ->
   ``"SAO 25/100 (25%) elapsed 00:50 ETA 02:30 | reward 0.5"``.
   """
   pct = 100.0 * done / total if total else 100.0
-  eta = tqdm.format_interval(elapsed_s / done * (total - done)) if done else "?"
+  d0, e0 = since
+  eta = (tqdm.format_interval((elapsed_s - e0) / (done - d0) * (total - done))
+         if done > d0 else "?")
   line = (f"{desc} {done}/{total} ({pct:.0f}%) elapsed {tqdm.format_interval(elapsed_s)} "
           f"ETA {eta}")
   shown = format_fields(fields)
@@ -94,6 +100,7 @@ class Progress:
     self.done = 0
     self._t0 = clock()
     self._last_line = -float("inf")
+    self._since: Optional[tuple[int, float]] = None  # (done, elapsed) after the first update
     self._bar = None
     self.stream: TextIO = out
     if mode == "bar":
@@ -111,10 +118,12 @@ class Progress:
     if self.mode != "lines":
       return
     now = self._clock()
+    if self._since is None:  # the first unit holds the compile: the ETA's rate starts after it
+      self._since = (self.done, now - self._t0)
     if self.done >= self.total or now - self._last_line >= self.min_interval_s:
       self._last_line = now
-      print(format_status(self.desc, self.done, self.total, now - self._t0, fields),
-            file=self._out, flush=True)
+      print(format_status(self.desc, self.done, self.total, now - self._t0, fields,
+                          since=self._since), file=self._out, flush=True)
 
   def close(self) -> None:
     if self._bar is not None:

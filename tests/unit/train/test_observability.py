@@ -31,6 +31,9 @@ def test_format_status_hand_values():
   assert format_status("SAO", 25, 100, 50.0, {"reward": 0.5, "rollouts": 12}) == (
       "SAO 25/100 (25%) elapsed 00:50 ETA 02:30 | reward 0.5  rollouts 12")
   assert format_status("SAO", 0, 10, 3.0, {}) == "SAO 0/10 (0%) elapsed 00:03 ETA ?"
+  # the rate since step 1 (at 20 s, its compile included): 30 s for 24 steps, 75 left
+  assert format_status("SAO", 25, 100, 50.0, {}, since=(1, 20.0)).endswith("ETA 01:33")
+  assert format_status("SAO", 1, 100, 20.0, {}, since=(1, 20.0)).endswith("ETA ?")
 
 
 class _Clock:
@@ -52,6 +55,8 @@ def test_progress_lines_mode_is_rate_limited_and_prints_the_last_step():
   lines = out.getvalue().splitlines()
   # step 1 (first), step 3 (11 s after step 1), step 4 (last); step 2 is within 10 s
   assert [l.split()[1] for l in lines] == ["1/4", "3/4", "4/4"]
+  assert lines[0].endswith("ETA ? | reward 0.25  staleness 1.5")  # step 1 only: no rate yet
+  assert "elapsed 00:12 ETA 00:05 |" in lines[1]  # (12 - 1) s / 2 steps x 1 left
   assert lines[-1] == "steps 4/4 (100%) elapsed 00:13 ETA 00:00 | reward 0.25  staleness 1.5"
   assert "\r" not in out.getvalue()
 
