@@ -181,6 +181,7 @@ def test_cli_paper_protocol_fixes_the_temperature():
   assert proc.returncode != 0 and "temperature 1.0" in proc.stderr
 
 
+@pytest.mark.slow
 def test_warm_start_checkpoint_is_the_cached_sft_policy(tmp_path):
   """``--checkpoint=warm_start`` evaluates the policy ``sao_jax.main`` starts RL from: with the
   SFT cached, ``load_params`` returns those exact arrays (no second SFT run); a task without
@@ -188,19 +189,20 @@ def test_warm_start_checkpoint_is_the_cached_sft_policy(tmp_path):
   import numpy as np
   import jax
   from sao_jax import build, configs, roles, tasks
+
+  def same(a, b):
+    return all(jax.tree.leaves(jax.tree.map(
+        lambda x, y: bool(np.array_equal(np.asarray(x), np.asarray(y))), a, b)))
+
   cfg = configs.load("arith_tool", "smoke")
   cfg.sft.steps, cfg.sft.cache_dir = 3, str(tmp_path / "sft")
   run = roles.from_config(cfg)
   task = tasks.make_task(run)
-  trained = build.build_policy(run, task).params          # trains and writes the cache
+  policy = build.build_policy(run, task)          # trains and writes the cache
   mcfg, loaded = ev.load_params(run, ev.WARM_START, task.tokenizer.vocab_size, task)
-  assert mcfg == build.build_policy(run, task).mcfg
-  same = jax.tree.map(lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))),
-                      trained, loaded)
-  assert all(jax.tree.leaves(same))
+  assert mcfg == policy.mcfg and same(policy.params, loaded)
   init = ev.load_params(run, "", task.tokenizer.vocab_size)[1]  # the random init SFT began at
-  assert not all(jax.tree.leaves(jax.tree.map(
-      lambda a, b: bool(np.array_equal(np.asarray(a), np.asarray(b))), trained, init)))
+  assert not same(policy.params, init)
   task.sft_demos = []
   with pytest.raises(ValueError, match="warm_start: this task has no SFT demonstrations"):
     ev.load_params(run, ev.WARM_START, task.tokenizer.vocab_size, task)
